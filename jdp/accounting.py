@@ -1,0 +1,263 @@
+"""Privacy accounting over dp_accounting: events, calibration and the PrivacyReport.
+
+Every private routine in jdp describes what it released as `dp_accounting` events and records them in
+a `PrivacyReport`. Totals always come from a dp_accounting accountant (RDP by default, PLD where the
+events need it), never from hand-derived formulas.
+
+Neighbouring relation: the report composes events under add/remove-one of the routine's privacy unit
+(a user, a task, ...). Pure ε-DP releases are represented by their tight dominating pair, binary
+randomized response with parameter ε (`pure_dp_event`); those are composed with the PLD accountant
+under dp_accounting's REPLACE_ONE relation (RR's loss between two different inputs is exactly ε; an
+ε-DP mechanism is ε-indistinguishable for any pair of neighbours, so this dominates it).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable, Sequence
+
+import dp_accounting
+import numpy as np
+from dp_accounting import dp_event as dpe
+from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.rdp import rdp_privacy_accountant
+
+NeighborRel = dp_accounting.privacy_accountant.NeighboringRelation
+
+# The orders of the DPALS reference (1.1..10.9 step 0.1, 11..63) plus larger ones for low-noise runs.
+DEFAULT_RDP_ORDERS: tuple[float, ...] = tuple(
+    [round(1.1 + 0.1 * i, 1) for i in range(99)] + list(range(11, 64)) + [80, 96, 128, 192, 256, 512, 1024]
+)
+REFERENCE_RDP_ORDERS: tuple[float, ...] = tuple([round(1.1 + 0.1 * i, 1) for i in range(99)] + list(range(11, 64)))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Input validation shared by every private routine.
+def check_epsilon(epsilon: float, name: str = "epsilon", allow_inf: bool = False) -> float:
+    """Returns epsilon as float; raises ValueError unless 0 < epsilon (< inf unless allowed)."""
+    try:
+        value = float(epsilon)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a positive number, got {epsilon!r}") from None
+    if math.isnan(value) or value <= 0 or (math.isinf(value) and not allow_inf):
+        raise ValueError(f"{name} must be a positive finite number, got {epsilon!r}")
+    return value
+
+
+def check_delta(delta: float, name: str = "delta") -> float:
+    """Returns delta as float; raises ValueError unless 0 < delta < 1."""
+    try:
+        value = float(delta)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be in (0, 1), got {delta!r}") from None
+    if not (0.0 < value < 1.0):
+        raise ValueError(f"{name} must be in (0, 1), got {delta!r}")
+    return value
+
+
+def check_positive(value: float, name: str, allow_zero: bool = False) -> float:
+    """Returns value as float; raises ValueError unless finite and > 0 (or >= 0)."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a finite number, got {value!r}") from None
+    if not math.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} must be finite and {bound}, got {value!r}")
+    return v
+
+
+# ----------------------------------------------------------------------------------------------------
+# Events.
+def gaussian_event(noise_multiplier: float) -> dpe.DpEvent:
+    """Gaussian mechanism with noise std = noise_multiplier * L2 sensitivity."""
+    check_positive(noise_multiplier, "noise_multiplier")
+    return dpe.GaussianDpEvent(float(noise_multiplier))
+
+
+def pure_dp_event(epsilon: float) -> dpe.DpEvent:
+    """Tight dominating event for ANY ε-DP mechanism: binary randomized response with parameter ε.
+
+    RR over 2 buckets with noise p keeps the input w.p. 1 - p/2, so its privacy loss is
+    log((1 - p/2)/(p/2)) = ε for p = 2/(1 + e^ε). Composition via PLD is then exact for pure DP.
+    """
+    epsilon = check_epsilon(epsilon)
+    return dpe.RandomizedResponseDpEvent(noise_parameter=2.0 / (1.0 + math.exp(epsilon)), num_buckets=2)
+
+
+def _contains(event: dpe.DpEvent, kind: type) -> bool:
+    if isinstance(event, kind):
+        return True
+    if isinstance(event, dpe.ComposedDpEvent):
+        return any(_contains(e, kind) for e in event.events)
+    inner = getattr(event, "event", None)
+    return inner is not None and _contains(inner, kind)
+
+
+def _expand_pure(event: dpe.DpEvent) -> dpe.DpEvent:
+    """Rewrites SelfComposed(…RR…, n) as n explicit copies: dp_accounting's PLD accountant ignores the
+    count of a self-composed randomized-response event (it composes it once), which would under-count."""
+    if isinstance(event, dpe.ComposedDpEvent):
+        return dpe.ComposedDpEvent([_expand_pure(e) for e in event.events])
+    if isinstance(event, dpe.SelfComposedDpEvent) and _contains(event.event, dpe.RandomizedResponseDpEvent):
+        inner = _expand_pure(event.event)
+        return dpe.ComposedDpEvent([inner] * event.count)
+    return event
+
+
+def make_accountant(event: dpe.DpEvent | None = None, accountant: str = "rdp",
+                    orders: Sequence[float] = DEFAULT_RDP_ORDERS,
+                    pld_discretization: float = 1e-4) -> dp_accounting.PrivacyAccountant:
+    """A fresh accountant; 'rdp' (default) or 'pld'. Pure-DP (randomized-response) events need PLD
+    under REPLACE_ONE, chosen automatically; they cannot be mixed with subsampled events, whose
+    noise multipliers are stated for add/remove."""
+    if event is not None and _contains(event, dpe.RandomizedResponseDpEvent):
+        for sampled in (dpe.PoissonSampledDpEvent, dpe.SampledWithoutReplacementDpEvent,
+                        dpe.SampledWithReplacementDpEvent):
+            if _contains(event, sampled):
+                raise ValueError("pure-DP events cannot be composed with subsampled events in one report")
+        return pld_privacy_accountant.PLDAccountant(NeighborRel.REPLACE_ONE, pld_discretization)
+    if accountant == "rdp":
+        return rdp_privacy_accountant.RdpAccountant(list(orders), NeighborRel.ADD_OR_REMOVE_ONE)
+    if accountant == "pld":
+        return pld_privacy_accountant.PLDAccountant(NeighborRel.ADD_OR_REMOVE_ONE, pld_discretization)
+    raise ValueError(f"accountant must be 'rdp' or 'pld', got {accountant!r}")
+
+
+def compute_epsilon(event: dpe.DpEvent, delta: float, accountant: str = "rdp",
+                    orders: Sequence[float] = DEFAULT_RDP_ORDERS) -> float:
+    """ε at the given δ of a (composed) event, from a dp_accounting accountant."""
+    delta = check_delta(delta)
+    event = _expand_pure(event)
+    acc = make_accountant(event, accountant, orders)
+    if not acc.supports(event):
+        raise ValueError(f"the {type(acc).__name__} does not support event {event}")
+    acc.compose(event)
+    return float(acc.get_epsilon(delta))
+
+
+def calibrate(make_event: Callable[[float], dpe.DpEvent], epsilon: float, delta: float,
+              bracket: tuple[float, float] = (1e-3, 1e5), accountant: str = "rdp",
+              orders: Sequence[float] = DEFAULT_RDP_ORDERS, tol: float | None = None) -> float:
+    """Smallest parameter (e.g. noise multiplier) in `bracket` whose event spends at most (ε, δ).
+
+    Uses dp_accounting.calibrate_dp_mechanism with an explicit bracket; raises ValueError when the
+    budget cannot be met inside the bracket (e.g. a fixed part of the budget already exceeds ε).
+    """
+    epsilon, delta = check_epsilon(epsilon), check_delta(delta)
+    lo, hi = bracket
+    probe = make_event(hi)
+
+    def fresh():
+        return make_accountant(probe, accountant, orders)
+
+    eps_hi = compute_epsilon(probe, delta, accountant, orders)
+    if eps_hi > epsilon:
+        raise ValueError(
+            f"cannot reach epsilon={epsilon} at delta={delta}: even parameter {hi} spends {eps_hi:.4g}")
+    if compute_epsilon(make_event(lo), delta, accountant, orders) <= epsilon:
+        return float(lo)
+    return float(dp_accounting.calibrate_dp_mechanism(
+        fresh, make_event, epsilon, delta,
+        dp_accounting.ExplicitBracketInterval(lo, hi), tol=tol if tol is not None else 1e-6 * max(1.0, lo)))
+
+
+# ----------------------------------------------------------------------------------------------------
+# PrivacyReport.
+@dataclasses.dataclass(frozen=True)
+class Release:
+    """One release: what was published, its event, its L2/L1 sensitivity and noise scale (std)."""
+    name: str
+    event: dpe.DpEvent
+    sensitivity: float | None = None
+    noise_scale: float | None = None
+    count: int = 1  # number of identical releases (self-composed)
+
+    def composed_event(self) -> dpe.DpEvent:
+        return self.event if self.count == 1 else dpe.SelfComposedDpEvent(self.event, self.count)
+
+
+@dataclasses.dataclass
+class PrivacyReport:
+    """Ledger of every release of a private computation and their composed (ε, δ).
+
+    `unit` names the privacy unit (e.g. "user"), `relation` the neighbouring relation.
+    """
+    delta: float
+    unit: str = "user"
+    relation: str = "add/remove all data of one user"
+    accountant: str = "rdp"
+    releases: list[Release] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self):
+        check_delta(self.delta)
+
+    def add(self, name: str, event: dpe.DpEvent, sensitivity: float | None = None,
+            noise_scale: float | None = None, count: int = 1) -> "PrivacyReport":
+        if count < 1:
+            raise ValueError(f"count must be >= 1, got {count}")
+        self.releases.append(Release(name, event, None if sensitivity is None else float(sensitivity),
+                                     None if noise_scale is None else float(noise_scale), int(count)))
+        return self
+
+    def add_gaussian(self, name: str, sensitivity: float, noise_std: float, count: int = 1) -> "PrivacyReport":
+        """Records `count` Gaussian releases of a statistic with L2 sensitivity and noise std."""
+        sensitivity, noise_std = check_positive(sensitivity, "sensitivity"), check_positive(noise_std, "noise_std")
+        return self.add(name, gaussian_event(noise_std / sensitivity), sensitivity, noise_std, count)
+
+    def event(self) -> dpe.DpEvent:
+        return dpe.ComposedDpEvent([r.composed_event() for r in self.releases])
+
+    def epsilon(self, delta: float | None = None) -> float:
+        if not self.releases:
+            return 0.0
+        return compute_epsilon(self.event(), self.delta if delta is None else delta, self.accountant)
+
+    def pure_epsilon(self) -> float | None:
+        """Σ ε over releases when every release is pure ε-DP (basic composition), else None."""
+        total = 0.0
+        for r in self.releases:
+            if not isinstance(r.event, dpe.RandomizedResponseDpEvent) or r.event.num_buckets != 2:
+                return None
+            p = r.event.noise_parameter
+            total += r.count * math.log((1 - p / 2) / (p / 2))
+        return total
+
+    def to_dict(self) -> dict:
+        return {
+            "unit": self.unit,
+            "neighbouring_relation": self.relation,
+            "accountant": type(make_accountant(self.event() if self.releases else None, self.accountant)).__name__,
+            "delta": self.delta,
+            "epsilon": self.epsilon(),
+            "pure_epsilon": self.pure_epsilon(),
+            "releases": [
+                {"name": r.name, "event": repr(r.event), "sensitivity": r.sensitivity,
+                 "noise_scale": r.noise_scale, "count": r.count}
+                for r in self.releases
+            ],
+        }
+
+    def __str__(self) -> str:
+        lines = [f"PrivacyReport: unit={self.unit} ({self.relation}), delta={self.delta:g}"]
+        for r in self.releases:
+            sens = "-" if r.sensitivity is None else f"{r.sensitivity:.4g}"
+            noise = "-" if r.noise_scale is None else f"{r.noise_scale:.4g}"
+            lines.append(f"  {r.name:<32} x{r.count:<4} sens={sens:<10} noise={noise:<10} {type(r.event).__name__}")
+        lines.append(f"  total epsilon = {self.epsilon():.4f}")
+        return "\n".join(lines)
+
+
+def epsilons_from_orders(event: dpe.DpEvent, delta: float, orders: Sequence[float]) -> tuple[float, float]:
+    """(ε, optimal order) from the RDP accountant, for diagnostics."""
+    acc = rdp_privacy_accountant.RdpAccountant(list(orders))
+    acc.compose(event)
+    eps, order = acc.get_epsilon_and_optimal_order(check_delta(delta))
+    return float(eps), float(order)
+
+
+__all__ = [
+    "DEFAULT_RDP_ORDERS", "REFERENCE_RDP_ORDERS", "PrivacyReport", "Release", "calibrate", "check_delta",
+    "check_epsilon", "check_positive", "compute_epsilon", "gaussian_event", "make_accountant",
+    "pure_dp_event", "epsilons_from_orders",
+]

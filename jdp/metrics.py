@@ -1,0 +1,118 @@
+"""Evaluation metrics: RMSE, ranking metrics (Recall/NDCG/HIT@k) and popularity-sliced variants.
+
+Metrics are post-processing of released models; they read held-out data and are not private
+(reporting them is the experimenter's concern, not the mechanism's).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def rmse(pred: jax.Array, target: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+    """Root mean squared error over entries where mask is true (all when mask is None)."""
+    err = (pred - target) ** 2
+    if mask is None:
+        return jnp.sqrt(jnp.mean(err))
+    mask = mask.astype(err.dtype)
+    return jnp.sqrt(jnp.sum(err * mask) / jnp.maximum(jnp.sum(mask), 1.0))
+
+
+def top_k(scores: jax.Array, k: int, exclude: jax.Array | None = None) -> jax.Array:
+    """Indices [users, k] of the k highest scores per row; `exclude` (bool [users, items]) removed."""
+    if exclude is not None:
+        scores = jnp.where(exclude, -jnp.inf, scores)
+    return jax.lax.top_k(scores, k)[1]
+
+
+def _hits(scores, targets, k, exclude):
+    idx = top_k(scores, k, exclude)
+    return jnp.take_along_axis(targets, idx, axis=1).astype(jnp.float32)  # [users, k]
+
+
+def recall_at_k(scores: jax.Array, targets: jax.Array, k: int, exclude: jax.Array | None = None) -> jax.Array:
+    """Per-user Recall@k = |top-k ∩ targets| / min(k, |targets|); NaN for users without targets.
+
+    scores: [users, items]; targets: bool [users, items]; exclude: bool [users, items] (history).
+    """
+    hits = _hits(scores, targets, k, exclude).sum(1)
+    n = targets.sum(1).astype(jnp.float32)
+    return jnp.where(n > 0, hits / jnp.minimum(float(k), jnp.maximum(n, 1.0)), jnp.nan)
+
+
+def ndcg_at_k(scores: jax.Array, targets: jax.Array, k: int, exclude: jax.Array | None = None) -> jax.Array:
+    """Per-user NDCG@k with binary relevance; ideal DCG over min(k, |targets|) hits; NaN if no targets."""
+    hits = _hits(scores, targets, k, exclude)
+    discounts = 1.0 / jnp.log2(jnp.arange(2, k + 2, dtype=jnp.float32))
+    dcg = (hits * discounts).sum(1)
+    n = jnp.minimum(targets.sum(1), k)
+    idcg = jnp.cumsum(discounts)[jnp.maximum(n - 1, 0)]
+    return jnp.where(n > 0, dcg / idcg, jnp.nan)
+
+
+def hit_at_k(scores: jax.Array, targets: jax.Array, k: int, exclude: jax.Array | None = None) -> jax.Array:
+    """Per-user HIT@k: 1 if any target is in the top k; NaN if no targets."""
+    hits = _hits(scores, targets, k, exclude).max(1)
+    return jnp.where(targets.sum(1) > 0, hits, jnp.nan)
+
+
+def rank_of_target(scores: jax.Array, target: jax.Array, exclude: jax.Array | None = None) -> jax.Array:
+    """0-based rank of one target item per row among all items (ties counted pessimistically).
+
+    scores: [users, items]; target: int [users]. Used for full-ranking NDCG/HIT with one target:
+    NDCG@k = 1/log2(rank+2) if rank < k, HIT@k = rank < k.
+    """
+    if exclude is not None:
+        exclude = exclude.at[jnp.arange(scores.shape[0]), target].set(False)
+        scores = jnp.where(exclude, -jnp.inf, scores)
+    t = jnp.take_along_axis(scores, target[:, None], axis=1)
+    return jnp.sum(scores >= t, axis=1) - 1
+
+
+def popularity_buckets(counts: np.ndarray, n_buckets: int = 5) -> np.ndarray:
+    """Bucket id per item: items sorted by count ascending, split into equal-size buckets (0 = tail)."""
+    counts = np.asarray(counts)
+    if counts.ndim != 1 or counts.size == 0:
+        raise ValueError("counts must be a non-empty 1-d array")
+    if n_buckets < 1 or n_buckets > counts.size:
+        raise ValueError(f"n_buckets must be in [1, {counts.size}], got {n_buckets}")
+    order = np.argsort(counts, kind="stable")
+    bucket = np.empty(counts.size, dtype=np.int32)
+    bucket[order] = np.arange(counts.size) * n_buckets // counts.size
+    return bucket
+
+
+def sliced_rmse(pred: np.ndarray, target: np.ndarray, item: np.ndarray, bucket_of_item: np.ndarray,
+                n_buckets: int | None = None) -> list[float]:
+    """RMSE of the ratings whose item falls in each popularity bucket (NaN for an empty bucket)."""
+    n_buckets = int(bucket_of_item.max()) + 1 if n_buckets is None else n_buckets
+    b = np.asarray(bucket_of_item)[np.asarray(item)]
+    err = (np.asarray(pred, np.float64) - np.asarray(target, np.float64)) ** 2
+    sums = np.bincount(b, weights=err, minlength=n_buckets)
+    cnts = np.bincount(b, minlength=n_buckets)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return [float(x) for x in np.sqrt(sums / cnts)]
+
+
+def sliced_recall(scores: jax.Array, targets: jax.Array, bucket_of_item: np.ndarray,
+                  ks: tuple[int, ...] = (20, 40, 60, 80, 100), exclude: jax.Array | None = None) -> list[float]:
+    """Recall within each popularity bucket: candidates and targets restricted to the bucket's items,
+    k = ks[b] for bucket b (the paper's footnote uses 20..100 for buckets 0..4). Mean over users with
+    targets in the bucket."""
+    out = []
+    bucket_of_item = np.asarray(bucket_of_item)
+    for b, k in enumerate(ks):
+        items = np.flatnonzero(bucket_of_item == b)
+        if items.size == 0:
+            out.append(float("nan"))
+            continue
+        kk = min(k, items.size)
+        s, t = scores[:, items], targets[:, items]
+        ex = None if exclude is None else exclude[:, items]
+        out.append(float(jnp.nanmean(recall_at_k(s, t, kk, ex))))
+    return out
+
+
+__all__ = ["hit_at_k", "ndcg_at_k", "popularity_buckets", "rank_of_target", "recall_at_k", "rmse",
+           "sliced_recall", "sliced_rmse", "top_k"]

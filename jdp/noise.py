@@ -1,0 +1,71 @@
+"""Jit-able noise primitives. Every function takes an explicit `jax.random` key.
+
+Noise *scales* are absolute standard deviations (or Laplace/Gumbel scales); calibration to (ε, δ)
+lives in `jdp.accounting`.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def gaussian(key: jax.Array, shape: tuple[int, ...], std: float | jax.Array, dtype=jnp.float32) -> jax.Array:
+    """iid N(0, std²) of the given shape."""
+    return std * jax.random.normal(key, shape, dtype)
+
+
+def add_gaussian(key: jax.Array, x: jax.Array, std: float | jax.Array) -> jax.Array:
+    """x + iid N(0, std²) noise with x's shape and dtype."""
+    return x + std * jax.random.normal(key, x.shape, x.dtype)
+
+
+def add_gaussian_tree(key: jax.Array, tree, std: float | jax.Array):
+    """Adds iid N(0, std²) to every leaf of a pytree (independent keys per leaf)."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    keys = jax.random.split(key, max(len(leaves), 1))
+    return jax.tree_util.tree_unflatten(treedef, [add_gaussian(k, x, std) for k, x in zip(keys, leaves)])
+
+
+def symmetric_gaussian(key: jax.Array, batch_shape: tuple[int, ...], d: int, std: float | jax.Array,
+                       dtype=jnp.float32) -> jax.Array:
+    """Symmetric d×d matrices with iid N(0, std²) upper triangle (incl. diagonal), mirrored below.
+
+    For a symmetric statistic with Frobenius sensitivity Δ, releasing its upper triangle has L2
+    sensitivity ≤ Δ, so std = noise_multiplier·Δ gives the Gaussian mechanism on the matrix.
+    """
+    z = jax.random.normal(key, (*batch_shape, d, d), dtype)
+    upper = jnp.triu(z)
+    return std * (upper + jnp.swapaxes(jnp.triu(z, 1), -1, -2))
+
+
+def laplace(key: jax.Array, shape: tuple[int, ...], scale: float | jax.Array, dtype=jnp.float32) -> jax.Array:
+    """iid Laplace(0, scale)."""
+    return scale * jax.random.laplace(key, shape, dtype)
+
+
+def gumbel(key: jax.Array, shape: tuple[int, ...], scale: float | jax.Array, dtype=jnp.float32) -> jax.Array:
+    """iid Gumbel(0, scale)."""
+    return scale * jax.random.gumbel(key, shape, dtype)
+
+
+def exponential(key: jax.Array, shape: tuple[int, ...], scale: float | jax.Array, dtype=jnp.float32) -> jax.Array:
+    """iid Exponential with mean `scale`."""
+    return scale * jax.random.exponential(key, shape, dtype)
+
+
+def clip_by_norm(x: jax.Array, max_norm: float | jax.Array, axis: int = -1, eps: float = 1e-12) -> jax.Array:
+    """Scales each vector along `axis` to L2 norm ≤ max_norm (no-op when already inside)."""
+    norm = jnp.linalg.norm(x, axis=axis, keepdims=True)
+    return x * jnp.minimum(1.0, max_norm / jnp.maximum(norm, eps))
+
+
+def psd_project(a: jax.Array, floor: float = 0.0) -> jax.Array:
+    """Projects (batched) symmetric matrices onto the PSD cone: eigenvalues clamped at `floor`."""
+    a = 0.5 * (a + jnp.swapaxes(a, -1, -2))
+    w, v = jnp.linalg.eigh(a)
+    w = jnp.maximum(w, floor)
+    return jnp.einsum("...ij,...j,...kj->...ik", v, w, v)
+
+
+__all__ = ["add_gaussian", "add_gaussian_tree", "clip_by_norm", "exponential", "gaussian", "gumbel", "laplace",
+           "psd_project", "symmetric_gaussian"]
