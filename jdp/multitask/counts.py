@@ -1,0 +1,70 @@
+"""Private pre-processing statistics: per-task counts and the global mean label (centering).
+
+Privacy unit: a user; neighbouring datasets add or remove ALL observations of one user. Each user's
+contribution is bounded by first keeping at most `count_sample` of its observations (uniformly at
+random), so the released statistics have the sensitivities stated below regardless of the data.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+
+from jdp.accounting import PrivacyReport, check_positive
+from jdp.multitask.weights import uniform_sampling_weights
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivateCounts:
+    counts: jax.Array          # [m] noisy counts clamped at ≥ 1 (float32)
+    noise_multiplier: float    # noise std / L2 sensitivity
+    sensitivity: float         # sqrt(count_sample)
+
+
+def private_counts(key: jax.Array, user: jax.Array, item: jax.Array, n_items: int, count_sample: int,
+                   noise_multiplier: float, report: PrivacyReport | None = None,
+                   name: str = "task counts") -> PrivateCounts:
+    """Noisy per-task counts: each user contributes +1 to at most `count_sample` of its tasks (uniform
+    subsample), Gaussian noise on EVERY task's count (zeros included), clamped ≥ 1.
+
+    L2 sensitivity sqrt(count_sample); noise std = noise_multiplier·sqrt(count_sample). The release is
+    recorded in `report` when given.
+    """
+    if count_sample < 1:
+        raise ValueError(f"count_sample must be >= 1, got {count_sample}")
+    check_positive(noise_multiplier, "noise_multiplier")
+    k_sample, k_noise = jax.random.split(key)
+    keep = uniform_sampling_weights(k_sample, user, count_sample)
+    exact = jax.ops.segment_sum(keep, item, num_segments=n_items)
+    sens = math.sqrt(count_sample)
+    noisy = exact + noise_multiplier * sens * jax.random.normal(k_noise, (n_items,))
+    if report is not None:
+        report.add_gaussian(name, sens, noise_multiplier * sens)
+    return PrivateCounts(jnp.maximum(noisy, 1.0), float(noise_multiplier), sens)
+
+
+def private_mean(key: jax.Array, user: jax.Array, label: jax.Array, label_bound: float, count_sample: int,
+                 noise_multiplier: float, report: PrivacyReport | None = None, name: str = "global mean") -> float:
+    """Noisy global mean of labels (for centering): noisy clipped sum / noisy count.
+
+    Each user keeps ≤ count_sample labels, each clipped to [−label_bound, label_bound] (a public bound),
+    so the sum has sensitivity count_sample·label_bound and the count count_sample. Two Gaussian
+    releases with the same noise multiplier, both recorded in `report`.
+    """
+    check_positive(label_bound, "label_bound")
+    check_positive(noise_multiplier, "noise_multiplier")
+    if count_sample < 1:
+        raise ValueError(f"count_sample must be >= 1, got {count_sample}")
+    k_sample, k_sum, k_cnt = jax.random.split(key, 3)
+    keep = uniform_sampling_weights(k_sample, user, count_sample)
+    clipped = jnp.clip(label, -label_bound, label_bound)
+    s_sens, c_sens = count_sample * label_bound, float(count_sample)
+    total = jnp.sum(keep * clipped) + noise_multiplier * s_sens * jax.random.normal(k_sum)
+    count = jnp.sum(keep) + noise_multiplier * c_sens * jax.random.normal(k_cnt)
+    if report is not None:
+        report.add_gaussian(name + " (sum)", s_sens, noise_multiplier * s_sens)
+        report.add_gaussian(name + " (count)", c_sens, noise_multiplier * c_sens)
+    mean = total / jnp.maximum(count, 1.0)
+    return float(jnp.clip(mean, -label_bound, label_bound))

@@ -1,0 +1,158 @@
+"""Task-weighted sufficient-statistics perturbation (Algorithm 1): a private ridge solve per task.
+
+Privacy unit: a user; neighbours add or remove all observations of one user. With features clipped
+to ‖x‖ ≤ Γx, labels to |y| ≤ Γy and weights satisfying Σ_{i∈Ω_j} w_ij² ≤ β for every user (checked),
+removing a user moves the stack of A_i = Σ_j w_ij x xᵀ by ≤ √β·Γx² (Frobenius) and the stack of
+b_i = Σ_j w_ij y x by ≤ √β·Γx·Γy. Â = A + Γx²√β·σ·Ξ (Ξ symmetric, iid upper triangle) and
+b̂ = b + Γx·Γy·√β·σ·ξ are two Gaussian releases with noise multiplier σ. θ̂_i = (PSD(Â_i) + λI)⁻¹ b̂_i
+is post-processing. The regulariser λ is data-independent (unlike the paper's Σ_j w_ij λ).
+
+Noise for task i is drawn from `fold_in(key, i)`, so results do not depend on how tasks are sharded.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, PartitionSpec
+
+from jdp.accounting import PrivacyReport, check_positive
+from jdp.multitask import gram
+from jdp.noise import clip_by_norm
+
+
+@dataclasses.dataclass(frozen=True)
+class SSPNoise:
+    """Absolute noise stds on A and b (0 for the non-private reference) and the ridge λ."""
+    std_a: float
+    std_b: float
+    lam: float
+
+
+def ssp_noise(noise_multiplier: float, beta: float, clip_x: float, clip_y: float, lam: float) -> SSPNoise:
+    check_positive(noise_multiplier, "noise_multiplier")
+    check_positive(beta, "beta")
+    s = noise_multiplier * math.sqrt(beta)
+    return SSPNoise(s * clip_x**2, s * clip_x * clip_y, check_positive(lam, "lam"))
+
+
+def record_ssp_releases(report: PrivacyReport, noise_multiplier: float, beta: float, clip_x: float,
+                        clip_y: float, count: int = 1, prefix: str = "SSP") -> None:
+    """Adds the two Gaussian releases (A and b) of `count` SSP solves to the report."""
+    sens_a, sens_b = math.sqrt(beta) * clip_x**2, math.sqrt(beta) * clip_x * clip_y
+    report.add_gaussian(f"{prefix} A (Gram)", sens_a, noise_multiplier * sens_a, count)
+    report.add_gaussian(f"{prefix} b (rhs)", sens_b, noise_multiplier * sens_b, count)
+
+
+def _task_noise(key, task_ids, d, std_a, std_b):
+    """Symmetric Gram noise [t, d, d] and rhs noise [t, d], keyed by global task id."""
+    def one(t):
+        ka, kb = jax.random.split(jax.random.fold_in(key, t))
+        z = jax.random.normal(ka, (d, d))
+        sym = jnp.triu(z) + jnp.triu(z, 1).T
+        return std_a * sym, std_b * jax.random.normal(kb, (d,))
+    return jax.vmap(one)(task_ids)
+
+
+def _solve_shard(feats, classes, stack_index, task_ids, key, std_a, std_b, lam):
+    """Gram + noise + PSD ridge solve for one shard's tasks -> θ [block, d]."""
+    a, b = gram.shard_gram(feats, classes, stack_index)
+    d = feats.shape[1]
+    na, nb = _task_noise(key, task_ids, d, std_a, std_b)
+    a, b = a + na, b + nb
+    # PSD projection and ridge solve from one eigendecomposition: θ = V diag(1/(max(e,0)+λ)) Vᵀ b.
+    e, v = jnp.linalg.eigh(0.5 * (a + jnp.swapaxes(a, 1, 2)))
+    coef = jnp.einsum("tji,tj->ti", v, b) / (jnp.maximum(e, 0.0) + lam)
+    return jnp.einsum("tij,tj->ti", v, coef)
+
+
+@functools.partial(jax.jit, static_argnames=("mesh",))
+def solve_tasks(feats: jax.Array, classes, stack_index: jax.Array, global_task: jax.Array, key: jax.Array,
+                std_a: float, std_b: float, lam: float, mesh: Mesh | None = None) -> jax.Array:
+    """θ for every slot [P·block, d]; shards run on `mesh` (axis 'tasks') when given, else in turn.
+
+    feats [rows, d] is replicated; classes/stack_index/global_task carry a leading shard axis P.
+    """
+    if mesh is None:
+        outs = [_solve_shard(feats, tuple((s[p], w[p], y[p]) for s, w, y in classes), stack_index[p],
+                             global_task[p], key, std_a, std_b, lam) for p in range(stack_index.shape[0])]
+        return jnp.concatenate(outs)
+    spec = PartitionSpec("tasks")
+
+    def body(feats, classes, stack_index, global_task, key, std_a, std_b, lam):
+        classes = tuple((s[0], w[0], y[0]) for s, w, y in classes)
+        return _solve_shard(feats, classes, stack_index[0], global_task[0], key, std_a, std_b, lam)
+
+    class_specs = tuple((spec, spec, spec) for _ in classes)
+    return jax.shard_map(body, mesh=mesh, in_specs=(PartitionSpec(), class_specs, spec, spec, PartitionSpec(),
+                                                    PartitionSpec(), PartitionSpec(), PartitionSpec()),
+                         out_specs=spec, check_vma=False)(feats, classes, stack_index, global_task, key,
+                                                          std_a, std_b, lam)
+
+
+def task_mesh(n_shards: int | None = None) -> Mesh | None:
+    """A 1-d mesh named 'tasks' over the first n_shards local devices (None for a single device)."""
+    devices = jax.devices()
+    n = len(devices) if n_shards is None else n_shards
+    if n < 1 or n > len(devices):
+        raise ValueError(f"n_shards must be in [1, {len(devices)}], got {n_shards}")
+    return None if n == 1 else Mesh(np.asarray(devices[:n]), ("tasks",))
+
+
+def check_user_budget(user: np.ndarray, weights: np.ndarray, n_users: int, beta: float) -> None:
+    """Raises ValueError unless every user's Σ_i w_ij² ≤ β (the accountant's assumption)."""
+    w = np.asarray(weights, np.float64)
+    if not np.all(np.isfinite(w)) or np.any(w < 0):
+        raise ValueError("weights must be finite and >= 0")
+    per_user = np.bincount(np.asarray(user), weights=w**2, minlength=n_users)
+    if per_user.max(initial=0.0) > beta * (1 + 1e-5):
+        raise ValueError(f"weights exceed the per-user budget: max_j sum_i w_ij^2 = {per_user.max():.4g} > beta = {beta}")
+
+
+def check_unique_pairs(task: np.ndarray, user: np.ndarray, n_users: int) -> None:
+    """Sensitivities assume each user contributes at most once to a task."""
+    key = np.asarray(task, np.int64) * n_users + np.asarray(user, np.int64)
+    if np.unique(key).size != key.size:
+        raise ValueError("duplicate (task, user) pairs: aggregate them first (sensitivity assumes one per pair)")
+
+
+def task_weighted_ssp(key: jax.Array, task: np.ndarray, user: np.ndarray, x: np.ndarray, y: np.ndarray,
+                      weights: np.ndarray, n_tasks: int, n_users: int, *, beta: float, clip_x: float,
+                      clip_y: float, noise_multiplier: float, lam: float, report: PrivacyReport | None = None,
+                      n_shards: int | None = 1) -> jax.Array:
+    """Algorithm 1 over observations (task i, user j, features x_ij [nnz, d], label y_ij, weight w_ij).
+
+    Returns θ̂ [n_tasks, d]. Features are clipped to ‖x‖ ≤ clip_x and labels to |y| ≤ clip_y before
+    accumulation; weights must satisfy the per-user budget β (see `jdp.multitask.weights`). The two
+    Gaussian releases are recorded in `report`.
+    """
+    x = np.asarray(x, np.float32)
+    y = np.asarray(y, np.float32)
+    nnz = x.shape[0]
+    if nnz == 0:
+        raise ValueError("no observations")
+    for name, arr in (("task", task), ("user", user), ("y", y), ("weights", weights)):
+        if np.shape(arr) != (nnz,):
+            raise ValueError(f"{name} must have shape ({nnz},), got {np.shape(arr)}")
+    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
+        raise ValueError("x and y must be finite")
+    if np.min(user) < 0 or np.max(user) >= n_users:
+        raise ValueError(f"user ids must lie in [0, {n_users})")
+    check_positive(clip_x, "clip_x")
+    check_positive(clip_y, "clip_y")
+    check_unique_pairs(task, user, n_users)
+    check_user_budget(user, weights, n_users, beta)
+    noise = ssp_noise(noise_multiplier, beta, clip_x, clip_y, lam)
+    mesh = task_mesh(n_shards)
+    plan = gram.build_plan(task, np.arange(nnz), weights, n_tasks, n_shards=1 if mesh is None else mesh.size)
+    classes, stack_index = gram.device_arrays(plan, plan.slot_values(np.clip(y, -clip_y, clip_y)))
+    feats = clip_by_norm(jnp.asarray(x), clip_x)
+    theta = solve_tasks(feats, classes, stack_index, jnp.asarray(plan.global_task), key,
+                        noise.std_a, noise.std_b, noise.lam, mesh=mesh)
+    if report is not None:
+        record_ssp_releases(report, noise_multiplier, beta, clip_x, clip_y)
+    return theta[jnp.asarray(plan.flat_index)]

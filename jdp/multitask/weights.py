@@ -1,0 +1,90 @@
+"""Budget allocation across tasks: adaptive weights (eqs. 12, 16) and sampling baselines as weights.
+
+Every user j has an RDP budget β: the accountant needs Σ_{i∈Ω_j} w_ij² ≤ β for every user. All
+functions here guarantee it exactly, for any input, and depend only on (released) private counts and
+on the user's own task set, so computing them costs no privacy. The weights themselves are never
+released.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jdp.accounting import check_positive
+
+
+def task_weights(counts: jax.Array, mu: float, n_users: int, beta: float) -> jax.Array:
+    """ω_i = n̂_i^(−μ) / sqrt(Σ_i' n̂_i'^(1−2μ) / (n·β)), i.e. Σ_i n̂_i ω_i² = n·β (eq. 16).
+
+    counts: private task counts n̂ [m] (clamped ≥ 1 here); mu ≥ 0 shifts budget towards the tail;
+    n_users: size of the user population (public: the id space); beta: per-user RDP budget.
+    """
+    check_positive(mu, "mu", allow_zero=True)
+    check_positive(beta, "beta")
+    if n_users < 1:
+        raise ValueError(f"n_users must be >= 1, got {n_users}")
+    c = jnp.maximum(jnp.asarray(counts, jnp.float32), 1.0)
+    raw = c ** (-mu)
+    return raw * jnp.sqrt(n_users * beta / jnp.sum(c * raw**2))
+
+
+def clip_user_weights(omega: jax.Array, user: jax.Array, item: jax.Array, n_users: int, beta: float) -> jax.Array:
+    """Paper's per-user clipping (eq. 12): w_ij = ω_i·min(1, sqrt(β / Σ_{i'∈Ω_j} ω_i'²)). Returns [nnz]."""
+    w = omega[item]
+    per_user = jax.ops.segment_sum(w**2, user, num_segments=n_users)
+    scale = jnp.minimum(1.0, jnp.sqrt(beta / jnp.maximum(per_user, 1e-30)))
+    return w * scale[user]
+
+
+def normalize_user_weights(omega: jax.Array, user: jax.Array, item: jax.Array, n_users: int, beta: float) -> jax.Array:
+    """Reference-code normalisation: w_ij = sqrt(β·ω_i² / Σ_{i'∈Ω_j} ω_i'²), so Σ_i w_ij² = β exactly.
+
+    Unlike clipping, this up-weights users with few tasks (a user with one task gets weight √β).
+    """
+    w = omega[item]
+    per_user = jax.ops.segment_sum(w**2, user, num_segments=n_users)
+    return w * jnp.sqrt(beta / jnp.maximum(per_user, 1e-30))[user]
+
+
+def adaptive_weights(counts: jax.Array, user: jax.Array, item: jax.Array, n_users: int, beta: float,
+                     mu: float, mode: str = "clip") -> jax.Array:
+    """Per-observation adaptive weights from private counts: eq. 16 then `clip` (default) or `normalize`."""
+    omega = task_weights(counts, mu, n_users, beta)
+    if mode == "clip":
+        return clip_user_weights(omega, user, item, n_users, beta)
+    if mode == "normalize":
+        return normalize_user_weights(omega, user, item, n_users, beta)
+    raise ValueError(f"mode must be 'clip' or 'normalize', got {mode!r}")
+
+
+def _rank_within_user(user: jax.Array, *priorities: jax.Array) -> jax.Array:
+    """0-based rank of each observation among its user's observations, ordered by `priorities`
+    ascending (first one primary, later ones break ties)."""
+    order = jnp.lexsort((*reversed(priorities), user))
+    sorted_user = user[order]
+    pos = jnp.arange(user.shape[0])
+    first = jnp.searchsorted(sorted_user, sorted_user, side="left")
+    rank_sorted = pos - first
+    return jnp.zeros_like(pos).at[order].set(rank_sorted)
+
+
+def uniform_sampling_weights(key: jax.Array, user: jax.Array, k: int, scale: float = 1.0) -> jax.Array:
+    """Each user keeps k of its tasks uniformly at random: weight `scale` on kept, 0 elsewhere.
+
+    Σ_i w_ij² ≤ k·scale² for every user.
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    priority = jax.random.uniform(key, user.shape)
+    return jnp.where(_rank_within_user(user, priority) < k, scale, 0.0).astype(jnp.float32)
+
+
+def tail_sampling_weights(key: jax.Array, user: jax.Array, item: jax.Array, counts: jax.Array, k: int,
+                          scale: float = 1.0) -> jax.Array:
+    """Tail-biased sampling (Chien et al. 2021): each user keeps its k tasks with the SMALLEST private
+    counts (ties broken at random). Weight `scale` on kept tasks, 0 elsewhere."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    c = jnp.asarray(counts, jnp.float32)[item]
+    tiebreak = jax.random.uniform(key, user.shape)
+    return jnp.where(_rank_within_user(user, c, tiebreak) < k, scale, 0.0).astype(jnp.float32)
