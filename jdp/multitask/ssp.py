@@ -58,10 +58,13 @@ def _task_noise(key, task_ids, d, std_a, std_b):
     return jax.vmap(one)(task_ids)
 
 
-def _solve_shard(feats, classes, stack_index, task_ids, key, std_a, std_b, lam):
-    """Gram + noise + PSD ridge solve for one shard's tasks -> θ [block, d]."""
+def _solve_shard(feats, classes, stack_index, task_ids, key, std_a, std_b, lam, noisy):
+    """Gram (+ noise) + ridge solve for one shard's tasks -> θ [block, d]."""
     a, b = gram.shard_gram(feats, classes, stack_index)
     d = feats.shape[1]
+    if not noisy:  # non-private reference / user solves: plain ridge by Cholesky
+        chol = jnp.linalg.cholesky(a + lam * jnp.eye(d, dtype=a.dtype))
+        return jax.vmap(lambda c, r: jax.scipy.linalg.cho_solve((c, True), r))(chol, b)
     na, nb = _task_noise(key, task_ids, d, std_a, std_b)
     a, b = a + na, b + nb
     # PSD projection and ridge solve from one eigendecomposition: θ = V diag(1/(max(e,0)+λ)) Vᵀ b.
@@ -70,28 +73,36 @@ def _solve_shard(feats, classes, stack_index, task_ids, key, std_a, std_b, lam):
     return jnp.einsum("tij,tj->ti", v, coef)
 
 
-@functools.partial(jax.jit, static_argnames=("mesh",))
-def solve_tasks(feats: jax.Array, classes, stack_index: jax.Array, global_task: jax.Array, key: jax.Array,
-                std_a: float, std_b: float, lam: float, mesh: Mesh | None = None) -> jax.Array:
-    """θ for every slot [P·block, d]; shards run on `mesh` (axis 'tasks') when given, else in turn.
+def _solve_blocks(feats, classes, stack_index, global_task, key, std_a, std_b, lam, noisy):
+    """Shards one after another (lax.map over the leading axis) -> θ [S·block, d]."""
+    def one(args):
+        cls, si, gt = args
+        return _solve_shard(feats, cls, si, gt, key, std_a, std_b, lam, noisy)
+    out = jax.lax.map(one, (classes, stack_index, global_task))
+    return out.reshape(-1, out.shape[-1])
 
-    feats [rows, d] is replicated; classes/stack_index/global_task carry a leading shard axis P.
+
+@functools.partial(jax.jit, static_argnames=("mesh", "noisy"))
+def solve_tasks(feats: jax.Array, classes, stack_index: jax.Array, global_task: jax.Array, key: jax.Array,
+                std_a: float, std_b: float, lam: float, mesh: Mesh | None = None, noisy: bool = True) -> jax.Array:
+    """θ for every task slot [P·block, d] (index with `plan.flat_index`).
+
+    feats [rows, d] is replicated; classes/stack_index/global_task carry a leading shard axis P. With a
+    mesh (axis 'tasks' of D devices, P divisible by D) each device solves its P/D shards; without one
+    the shards run in turn on one device (which also bounds memory for very many tasks).
     """
+    args = (classes, stack_index, global_task)
     if mesh is None:
-        outs = [_solve_shard(feats, tuple((s[p], w[p], y[p]) for s, w, y in classes), stack_index[p],
-                             global_task[p], key, std_a, std_b, lam) for p in range(stack_index.shape[0])]
-        return jnp.concatenate(outs)
+        return _solve_blocks(feats, *args, key, std_a, std_b, lam, noisy)
     spec = PartitionSpec("tasks")
 
     def body(feats, classes, stack_index, global_task, key, std_a, std_b, lam):
-        classes = tuple((s[0], w[0], y[0]) for s, w, y in classes)
-        return _solve_shard(feats, classes, stack_index[0], global_task[0], key, std_a, std_b, lam)
+        return _solve_blocks(feats, classes, stack_index, global_task, key, std_a, std_b, lam, noisy)
 
+    rep = PartitionSpec()
     class_specs = tuple((spec, spec, spec) for _ in classes)
-    return jax.shard_map(body, mesh=mesh, in_specs=(PartitionSpec(), class_specs, spec, spec, PartitionSpec(),
-                                                    PartitionSpec(), PartitionSpec(), PartitionSpec()),
-                         out_specs=spec, check_vma=False)(feats, classes, stack_index, global_task, key,
-                                                          std_a, std_b, lam)
+    return jax.shard_map(body, mesh=mesh, in_specs=(rep, class_specs, spec, spec, rep, rep, rep, rep),
+                         out_specs=spec, check_vma=False)(feats, *args, key, std_a, std_b, lam)
 
 
 def task_mesh(n_shards: int | None = None) -> Mesh | None:
