@@ -105,6 +105,15 @@ def _sample_codes(rng: np.random.Generator, p: np.ndarray, size: int) -> np.ndar
     return np.minimum(np.searchsorted(cdf, rng.random(size), side="right"), p.size - 1).astype(np.int64)
 
 
+def _merge_unique(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Sorted distinct values of two sorted int64 arrays (stable sort = timsort merges the two runs)."""
+    c = np.concatenate([a, b])
+    c.sort(kind="stable")
+    keep = np.ones(c.size, dtype=np.bool_)
+    np.not_equal(c[1:], c[:-1], out=keep[1:])
+    return c[keep]
+
+
 def planted_powerlaw(seed: int = 0, n_users: int = 69_878, n_items: int = 10_677, nnz: int = 10_000_000,
                      rank: int = 16, exponent: float = 1.0, noise_std: float = 0.5,
                      rating_scale: tuple[float, float] = (0.5, 5.0), user_activity_exponent: float = 0.5,
@@ -148,8 +157,9 @@ def planted_powerlaw(seed: int = 0, n_users: int = 69_878, n_items: int = 10_677
     draw = nnz
     for _ in range(max_rounds):
         new = _sample_codes(rng, p_user, draw) * n_items + _sample_codes(rng, p_item, draw)
+        new.sort()
         before = codes.size
-        codes = np.unique(np.concatenate([codes, new]))
+        codes = _merge_unique(codes, new)
         if codes.size >= nnz:
             break
         gained = max(codes.size - before, 1)
