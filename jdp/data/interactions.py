@@ -79,7 +79,8 @@ class Interactions:
         if rating.size and not (np.issubdtype(rating.dtype, np.floating) or np.issubdtype(rating.dtype, np.integer)
                                 or rating.dtype == np.bool_):
             raise ValueError(f"rating must be numeric, got dtype {rating.dtype}")
-        rating = rating.astype(np.float32, copy=False)
+        with np.errstate(over="ignore"):  # overflow to inf is reported below as non-finite
+            rating = rating.astype(np.float32, copy=False)
         if rating.size and not np.isfinite(rating).all():
             bad = int(np.size(rating) - np.isfinite(rating).sum())
             raise ValueError(f"rating must be finite (after float32 cast); found {bad} NaN/inf values")
