@@ -97,3 +97,16 @@ def test_fold_in_keep_items_and_errors():
         fold_in_split(d, 5, history_frac=1.0)
     with pytest.raises(ValueError, match="min_items"):
         fold_in_split(d, 5, min_items=0)
+
+
+def test_fold_in_on_ml100k(datasets_dir):
+    from jdp.data import load_ml100k
+    d = load_ml100k(datasets_dir / "ml-100k").binarize(4.0)
+    assert d.nnz == 55_375 and set(np.unique(d.rating).tolist()) == {1.0}  # ratings 4 and 5
+    out = fold_in_split(d, n_heldout_users=100, seed=0)
+    eligible = int((d.user_counts() >= 5).sum())
+    assert out["train"].n_users == eligible - 200
+    n_hist, n_targ = out["test_history"].user_counts(), out["test_target"].user_counts()
+    assert (n_targ >= 1).all() and np.array_equal(n_targ, np.floor(0.2 * (n_hist + n_targ) + 1e-9))
+    a, b = split_ratings(d, (0.8, 0.2), seed=0)
+    assert (a.nnz, b.nnz) == (44_300, 11_075)
