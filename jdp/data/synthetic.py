@@ -1,0 +1,185 @@
+"""Synthetic long-tailed data: the appendix-C multi-task regression data and a planted low-rank
+rating matrix with power-law item popularity at MovieLens scale.
+
+Data generators, not private routines: nothing is released. Generation uses numpy's Generator
+(seeded) on the host and is vectorised (no per-user or per-item Python loops).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from jdp.data.interactions import Interactions
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SyntheticTasks:
+    """Generated data with its ground truth.
+
+    data:          Interactions (user = j, item = task / item i, rating = label y_ij)
+    user_factors:  float32 [n_users, dim]  (features u_j / planted user factors)
+    task_params:   float32 [n_items, dim]  (θ_i / planted item factors)
+    popularity:    float64 [n_items]       (inclusion probability q_i for appendix C; sampling
+                                            probability p_i, summing to 1, for planted_powerlaw)
+    offset:        constant added to every noise-free label (global mean; 0 for appendix C)
+    noise_std:     std of the label noise
+    """
+
+    data: Interactions
+    user_factors: np.ndarray
+    task_params: np.ndarray
+    popularity: np.ndarray
+    offset: float = 0.0
+    noise_std: float = 0.0
+
+    def expected_rating(self, user: np.ndarray, item: np.ndarray) -> np.ndarray:
+        """Noise-free label offset + <u_user, θ_item> (before any clipping), float32 [len(user)]."""
+        u = np.asarray(user)
+        i = np.asarray(item)
+        return (self.offset + np.einsum("nd,nd->n", self.user_factors[u], self.task_params[i])).astype(np.float32)
+
+
+def _pos_int(name: str, v) -> int:
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < 1:
+        raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    return int(v)
+
+
+def _pos_float(name: str, v, allow_zero: bool = False) -> float:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {v!r}") from None
+    if not np.isfinite(f) or f < 0 or (f == 0 and not allow_zero):
+        raise ValueError(f"{name} must be {'non-negative' if allow_zero else 'positive'} and finite, got {v!r}")
+    return f
+
+
+def _unit_ball(x: np.ndarray) -> np.ndarray:
+    # Projection onto the unit ball: x / max(1, ||x||).
+    return x / np.maximum(1.0, np.linalg.norm(x, axis=1, keepdims=True))
+
+
+def appendix_c(seed: int = 0, n_users: int = 10_000, n_tasks: int = 100, dim: int = 5, a: float = 1.0,
+               total_popularity: float = 20.0, label_noise: float = 1e-3) -> SyntheticTasks:
+    """Appendix-C synthetic multi-task linear regression (Krichene et al., ICML 2023).
+
+    u_j, θ_i ~ N(0, I_dim) projected onto the unit ball; task popularity q_i = U_i^(1/a)
+    (pdf ∝ a·x^(a−1) on [0, 1], numpy's `power(a)`), rescaled to sum to `total_popularity` and
+    clipped to <= 1 (clipping only happens for extreme draws; then the sum is slightly lower);
+    (i, j) ∈ Ω independently with probability q_i; y_ij = <u_j, θ_i> + N(0, label_noise²)
+    (the paper's σ_F = 1e-3). In expectation each user has total_popularity tasks and task i has
+    q_i·n_users users. Memory O(n_users·n_tasks) booleans. Split with
+    `split_ratings(data, (0.8, 0.2), seed)` for the paper's 80/20 protocol.
+    """
+    n_users, n_tasks, dim = _pos_int("n_users", n_users), _pos_int("n_tasks", n_tasks), _pos_int("dim", dim)
+    a = _pos_float("a", a)
+    total_popularity = _pos_float("total_popularity", total_popularity)
+    label_noise = _pos_float("label_noise", label_noise, allow_zero=True)
+    if seed is None or isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    rng = np.random.default_rng(seed)
+    u = _unit_ball(rng.standard_normal((n_users, dim)))
+    theta = _unit_ball(rng.standard_normal((n_tasks, dim)))
+    q = rng.random(n_tasks) ** (1.0 / a)
+    q = np.minimum(q * (total_popularity / q.sum()), 1.0)
+    mask = rng.random((n_users, n_tasks)) < q[None, :]
+    user, item = np.nonzero(mask)  # user-major order
+    y = np.einsum("nd,nd->n", u[user], theta[item]) + label_noise * rng.standard_normal(user.size)
+    data = Interactions(user.astype(np.int32), item.astype(np.int32), y.astype(np.float32), n_users, n_tasks)
+    return SyntheticTasks(data, u.astype(np.float32), theta.astype(np.float32), q, 0.0, label_noise)
+
+
+def _zipf_probs(rng: np.random.Generator, n: int, exponent: float) -> np.ndarray:
+    """p ∝ rank^(−exponent) with the ranks assigned to ids by a random permutation."""
+    p = np.arange(1, n + 1, dtype=np.float64) ** (-exponent)
+    p /= p.sum()
+    return p[rng.permutation(n)]
+
+
+def _sample_codes(rng: np.random.Generator, p: np.ndarray, size: int) -> np.ndarray:
+    """`size` iid draws from the categorical distribution p (inverse CDF), int64."""
+    cdf = np.cumsum(p)
+    cdf /= cdf[-1]
+    return np.minimum(np.searchsorted(cdf, rng.random(size), side="right"), p.size - 1).astype(np.int64)
+
+
+def _merge_unique(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Sorted distinct values of two sorted int64 arrays (stable sort = timsort merges the two runs)."""
+    c = np.concatenate([a, b])
+    c.sort(kind="stable")
+    keep = np.ones(c.size, dtype=np.bool_)
+    np.not_equal(c[1:], c[:-1], out=keep[1:])
+    return c[keep]
+
+
+def planted_powerlaw(seed: int = 0, n_users: int = 69_878, n_items: int = 10_677, nnz: int = 10_000_000,
+                     rank: int = 16, exponent: float = 1.0, noise_std: float = 0.5,
+                     rating_scale: tuple[float, float] = (0.5, 5.0), user_activity_exponent: float = 0.5,
+                     mean: float = 3.5, max_rounds: int = 12) -> SyntheticTasks:
+    """Planted low-rank ratings with long-tailed item popularity and skewed user activity.
+
+    Defaults match ML10M's size (69,878 users, 10,677 items, ~10M ratings); ML20M's size is
+    n_users=136_677, n_items=20_108. Item sampling probabilities p_i ∝ rank_i^(−exponent) and
+    user activity ∝ rank_j^(−user_activity_exponent) (ranks randomly permuted over ids). Pairs
+    (user, item) are drawn iid from the product distribution and de-duplicated, in rounds that top
+    up the deficit, then trimmed uniformly at random to exactly `nnz`. Because an item cannot have
+    more than n_users ratings, head items saturate (their realised share is below p_i); if the
+    target is unreachable within `max_rounds` rounds the result has fewer than `nnz` ratings.
+
+    Ratings = mean + <u_j, v_i> + N(0, noise_std²), clipped to rating_scale, with
+    u_j, v_i ~ N(0, s²·I_rank) and s = (0.75/rank)^(1/4), so the signal has variance 0.75 and
+    (noise_std = 0.5) the rating std is ≈ 1 before clipping, like MovieLens. The output is sorted
+    by (user, item) and has no duplicate pairs. `popularity` holds p_i.
+    """
+    n_users, n_items, nnz = _pos_int("n_users", n_users), _pos_int("n_items", n_items), _pos_int("nnz", nnz)
+    rank, max_rounds = _pos_int("rank", rank), _pos_int("max_rounds", max_rounds)
+    exponent = _pos_float("exponent", exponent, allow_zero=True)
+    user_activity_exponent = _pos_float("user_activity_exponent", user_activity_exponent, allow_zero=True)
+    noise_std = _pos_float("noise_std", noise_std, allow_zero=True)
+    lo, hi = (float(x) for x in rating_scale)
+    if not (np.isfinite(lo) and np.isfinite(hi) and lo < hi):
+        raise ValueError(f"rating_scale must be finite (low, high) with low < high, got {rating_scale!r}")
+    if not np.isfinite(mean):
+        raise ValueError(f"mean must be finite, got {mean!r}")
+    if nnz > n_users * n_items:
+        raise ValueError(f"nnz={nnz} exceeds n_users·n_items={n_users * n_items}")
+    if seed is None or isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    rng = np.random.default_rng(seed)
+    p_item = _zipf_probs(rng, n_items, exponent)
+    p_user = _zipf_probs(rng, n_users, user_activity_exponent)
+
+    # Pair code = user·n_items + item (int64). Top up in rounds, scaling each draw by the observed
+    # fraction of new distinct pairs so that saturated head pairs do not stall the loop.
+    codes = np.empty(0, dtype=np.int64)
+    draw = nnz
+    for _ in range(max_rounds):
+        new = _sample_codes(rng, p_user, draw) * n_items + _sample_codes(rng, p_item, draw)
+        new.sort()
+        before = codes.size
+        codes = _merge_unique(codes, new)
+        if codes.size >= nnz:
+            break
+        gained = max(codes.size - before, 1)
+        draw = int(min(8 * nnz, np.ceil((nnz - codes.size) * draw / gained * 1.05)) + 1000)
+    if codes.size > nnz:
+        keep = np.sort(rng.choice(codes.size, size=nnz, replace=False))
+        codes = codes[keep]
+    user = (codes // n_items).astype(np.int32)
+    item = (codes % n_items).astype(np.int32)
+    del codes
+
+    scale = (0.75 / rank) ** 0.25
+    uf = (scale * rng.standard_normal((n_users, rank))).astype(np.float32)
+    vf = (scale * rng.standard_normal((n_items, rank))).astype(np.float32)
+    rating = np.empty(user.size, dtype=np.float32)
+    chunk = 1 << 20  # bounded memory: gathers of [chunk, rank] at a time
+    for s in range(0, user.size, chunk):
+        e = min(s + chunk, user.size)
+        rating[s:e] = np.einsum("nd,nd->n", uf[user[s:e]], vf[item[s:e]])
+    rating += (mean + noise_std * rng.standard_normal(user.size)).astype(np.float32)
+    np.clip(rating, lo, hi, out=rating)
+    data = Interactions(user, item, rating, n_users, n_items)
+    return SyntheticTasks(data, uf, vf, p_item, float(mean), noise_std)

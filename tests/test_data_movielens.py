@@ -1,0 +1,71 @@
+import numpy as np
+import pytest
+
+from jdp.data import load_ml100k, load_movielens
+
+# Raw ids deliberately sparse and unsorted: 7 < 30 < 100 (users), 5 < 12 < 300 (items).
+ROWS = [(30, 300, 4.0, 881250949), (7, 12, 3.5, 891717742), (100, 5, 1.0, 878887116), (7, 300, 5.0, 100)]
+EXPECT_USER = [1, 0, 2, 0]
+EXPECT_ITEM = [2, 1, 0, 2]
+
+
+def _write(tmp_path, name, fmt):
+    if fmt == "tab":
+        lines = [f"{u}\t{i}\t{r:g}\t{t}" for u, i, r, t in ROWS]
+    elif fmt == "colons":
+        lines = [f"{u}::{i}::{r:g}::{t}" for u, i, r, t in ROWS]
+    else:
+        lines = ["userId,movieId,rating,timestamp"] + [f"{u},{i},{r:g},{t}" for u, i, r, t in ROWS]
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("name, fmt", [("u.data", "tab"), ("ratings.dat", "colons"), ("ratings.csv", "csv")])
+@pytest.mark.parametrize("as_dir", [False, True])
+def test_formats_remap_values_timestamps(tmp_path, name, fmt, as_dir):
+    path = _write(tmp_path, name, fmt)
+    d = load_movielens(tmp_path if as_dir else path)
+    assert (d.n_users, d.n_items, d.nnz) == (3, 3, 4)
+    assert d.user.tolist() == EXPECT_USER and d.item.tolist() == EXPECT_ITEM
+    assert d.rating.tolist() == [r for _, _, r, _ in ROWS]
+    assert d.timestamp.tolist() == [t for *_, t in ROWS]
+
+
+def test_missing_and_malformed(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        load_movielens(tmp_path / "nope.dat")
+    with pytest.raises(FileNotFoundError, match="ratings"):
+        load_movielens(tmp_path)  # empty directory
+    with pytest.raises(FileNotFoundError):
+        load_ml100k(tmp_path)
+    bad = tmp_path / "bad.dat"
+    bad.write_text("1::2::3::4\n1::x::3::4\n")
+    with pytest.raises(ValueError, match="malformed"):
+        load_movielens(bad)
+    short = tmp_path / "short.data"
+    short.write_text("1\t2\t3\t4\n1\t2\n")
+    with pytest.raises(ValueError, match="malformed"):
+        load_movielens(short)
+    nanr = tmp_path / "nan.csv"
+    nanr.write_text("userId,movieId,rating,timestamp\n1,2,nan,4\n")
+    with pytest.raises(ValueError):
+        load_movielens(nanr)
+    wrong = tmp_path / "wrong.csv"
+    wrong.write_text("a,b,c,d\n1,2,3,4\n")
+    with pytest.raises(ValueError, match="header"):
+        load_movielens(wrong)
+    empty = tmp_path / "empty.dat"
+    empty.write_text("\n")
+    with pytest.raises(ValueError, match="empty"):
+        load_movielens(empty)
+
+
+def test_real_ml100k(datasets_dir):
+    d = load_ml100k(datasets_dir / "ml-100k")
+    assert (d.nnz, d.n_users, d.n_items) == (100_000, 943, 1_682)
+    # u.data's first line is "196 242 3 881250949"; ids 1..943 / 1..1682 are all present, so remap = id - 1.
+    assert (d.user[0], d.item[0], d.rating[0], d.timestamp[0]) == (195, 241, 3.0, 881250949)
+    assert d.user_counts().min() >= 20  # ml-100k: every user rated at least 20 movies
+    assert set(np.unique(d.rating).tolist()) == {1.0, 2.0, 3.0, 4.0, 5.0}
+    assert abs(float(d.rating.mean()) - 3.52986) < 1e-4
