@@ -1,0 +1,266 @@
+"""DP alternating minimization for matrix completion (Algorithm 3): ALS, DPALS, AdaDPALS, DPSGD, AdaDPSGD.
+
+Privacy unit: a user; neighbours add or remove ALL ratings of one user (user-level DP). Only the item
+matrix V is released. Each step (a) solves every user's embedding exactly from V and the user's own
+ratings (billboard model: no privacy cost, nothing released) and (b) updates V privately with
+task-weighted SSP (`dpals-*`, `ada-dpals`) or task-weighted noisy GD (`dpsgd-*`, `ada-dpsgd`),
+using the clipped user embeddings (‖u‖ ≤ Γ) as features and clipped centred ratings (|r| ≤ Γy) as
+labels. Budget allocation across a user's items: uniform sampling of k items, tail-biased sampling
+of the k items with the smallest private counts, or adaptive weights n̂_i^(−μ) clipped per user to
+Σ_i w_ij² ≤ k. Pre-processing (private item counts, private global mean) is accounted too: the
+PrivacyReport lists every release and composes them with dp_accounting.
+
+`als` is the NON-PRIVATE reference (exact mean, no noise, all ratings): never a default.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import dp_accounting
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm.auto import tqdm
+
+from jdp.accounting import PrivacyReport, calibrate, check_delta, check_epsilon, check_positive
+from jdp.data import Interactions
+from jdp.multitask import gram
+from jdp.multitask.counts import private_counts, private_mean
+from jdp.multitask.noisy_gd import NoisyGDConfig, _run as _noisy_gd_run, record_noisy_gd_releases
+from jdp.multitask.ssp import check_user_budget, record_ssp_releases, solve_tasks, task_mesh
+from jdp.multitask.weights import adaptive_weights, tail_sampling_weights, uniform_sampling_weights
+from jdp.noise import clip_by_norm
+
+METHODS = ("als", "dpals-uniform", "dpals-tail", "ada-dpals", "dpsgd-uniform", "dpsgd-tail", "ada-dpsgd")
+USERS_PER_BLOCK = 16384  # user solves run in blocks of this many users to bound memory (A is d×d per user)
+
+
+@dataclasses.dataclass(frozen=True)
+class AltMinConfig:
+    """Hyper-parameters. `None` fields take the documented defaults in `resolve()`, which depend only on
+    public quantities (ε, δ, dim, the id-space sizes), never on the ratings."""
+    method: str = "ada-dpals"
+    epsilon: float | None = 1.0          # None for 'als'
+    delta: float = 1e-5
+    dim: int | None = None               # 8 (ε<2), 16 (ε<10), 32 otherwise and for ALS
+    steps: int | None = None             # 2 (ε≤2), 3 (ε≤10), 4 otherwise; ALS 10
+    mu: float = 0.25                     # adaptive exponent (ada-*)
+    budget: int = 100                    # k: per-user squared-weight budget β = k; also count_sample
+    weight_mode: str = "clip"            # 'clip' (paper, eq. 12) or 'normalize' (reference code)
+    user_clip: float = 1.0               # Γ: ‖u_j‖ clip for features (scale-free; λ scales with Γ²)
+    label_clip: float | None = None      # Γy on centred ratings; default half the rating range
+    rating_range: tuple[float, float] = (0.5, 5.0)  # PUBLIC rating scale
+    center: bool = True                  # private global mean (non-private exact mean for 'als')
+    reg: float | None = None             # item ridge λ; default noise-aware: reg_scale·2√d·std(A noise)
+    reg_scale: float = 0.5
+    user_reg: float | None = None        # user ridge; default 1.0 (private) / 5.0 (als)
+    preprocess_fraction: float = 0.15    # share of ε for counts + centering (spent first; the rest by bisection)
+    sgd_inner_steps: int = 4             # noisy GD updates per outer step (dpsgd-*)
+    sgd_clip: float = 1.0                # per-user gradient clip C (dpsgd-*)
+    sgd_lr: float | None = None          # default 0.5·n_users / (k·Γ²·Γy_scale) normalisation, see resolve()
+    sample_rate: float = 1.0             # Poisson rate of users per noisy GD step (1 = full batch)
+    init_scale: float = 0.1
+    n_shards: int | None = None          # devices for the item update (None: all local devices)
+    show_progress: bool = True
+
+    @property
+    def private(self) -> bool:
+        return self.method != "als"
+
+    def resolve(self) -> "AltMinConfig":
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
+        lo, hi = self.rating_range
+        if not (math.isfinite(lo) and math.isfinite(hi) and hi > lo):
+            raise ValueError(f"rating_range must be finite with hi > lo, got {self.rating_range}")
+        if self.private:
+            check_epsilon(self.epsilon)
+        check_delta(self.delta)
+        check_positive(self.mu, "mu", allow_zero=True)
+        check_positive(self.user_clip, "user_clip")
+        if self.budget < 1:
+            raise ValueError(f"budget must be >= 1, got {self.budget}")
+        if not 0 < self.preprocess_fraction < 1:
+            raise ValueError(f"preprocess_fraction must be in (0, 1), got {self.preprocess_fraction}")
+        if self.weight_mode not in ("clip", "normalize"):
+            raise ValueError(f"weight_mode must be 'clip' or 'normalize', got {self.weight_mode!r}")
+        eps = self.epsilon if self.private else math.inf
+        dim = self.dim or (32 if not self.private or eps >= 10 else 16 if eps >= 2 else 8)
+        steps = self.steps or (10 if not self.private else 2 if eps <= 2 else 3 if eps <= 10 else 4)
+        if dim < 1 or steps < 1:
+            raise ValueError(f"dim and steps must be >= 1, got {dim}, {steps}")
+        label_clip = self.label_clip if self.label_clip is not None else 0.5 * (hi - lo)
+        check_positive(label_clip, "label_clip")
+        user_reg = self.user_reg if self.user_reg is not None else (1.0 if self.private else 5.0)
+        return dataclasses.replace(self, dim=dim, steps=steps, label_clip=label_clip, user_reg=user_reg,
+                                   epsilon=self.epsilon if self.private else None)
+
+
+@dataclasses.dataclass
+class AltMinModel:
+    """The released item matrix V (+ the released mean) and how it was obtained."""
+    item_factors: np.ndarray   # [n_items, d]
+    mean: float
+    config: AltMinConfig
+    report: PrivacyReport
+    noise_multiplier: float | None
+    timings: dict
+
+    def user_factors(self, history: Interactions) -> np.ndarray:
+        """Each user's embedding solved from V and the user's own ratings (no privacy cost)."""
+        return solve_users(history, self.item_factors, self.mean, self.config.user_reg)
+
+    def predict(self, user_factors: np.ndarray, user: np.ndarray, item: np.ndarray) -> np.ndarray:
+        lo, hi = self.config.rating_range
+        pred = self.mean + np.einsum("nd,nd->n", user_factors[user], self.item_factors[item])
+        return np.clip(pred, lo, hi)
+
+
+def solve_users(data: Interactions, item_factors: np.ndarray, mean: float, user_reg: float) -> np.ndarray:
+    """u_j = (Σ_{i∈Ω_j} v_i v_iᵀ + λ_u I)⁻¹ Σ_{i∈Ω_j} (r_ij − mean) v_i for every user, [n_users, d]."""
+    n_blocks = max(1, -(-data.n_users // USERS_PER_BLOCK))
+    plan = gram.build_plan(data.user, data.item, None, data.n_users, n_shards=n_blocks)
+    classes, stack_index = gram.device_arrays(plan, plan.slot_values(data.rating - mean))
+    u = solve_tasks(jnp.asarray(item_factors, jnp.float32), classes, stack_index, jnp.asarray(plan.global_task),
+                    jax.random.key(0), 0.0, 0.0, float(user_reg), mesh=None, noisy=False)
+    return np.asarray(u[jnp.asarray(plan.flat_index)])
+
+
+def _preprocess_event(sigma_c: float, n_gaussians: int) -> dp_accounting.DpEvent:
+    return dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(sigma_c), n_gaussians)
+
+
+def _training_event(cfg: AltMinConfig, sigma: float) -> dp_accounting.DpEvent:
+    if cfg.method.startswith("dpsgd") or cfg.method == "ada-dpsgd":
+        sgd = NoisyGDConfig(cfg.sgd_clip, sigma, cfg.sgd_inner_steps, 1.0, sample_rate=cfg.sample_rate)
+        return dp_accounting.SelfComposedDpEvent(sgd.step_event(), cfg.steps * cfg.sgd_inner_steps)
+    step = dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(sigma)] * 2)  # A and b
+    return dp_accounting.SelfComposedDpEvent(step, cfg.steps)
+
+
+def calibrate_noise(cfg: AltMinConfig) -> tuple[float | None, float]:
+    """(σ_c for pre-processing or None, σ for training) so that the whole run spends exactly (ε, δ)."""
+    n_pre = (1 if _needs_counts(cfg.method) else 0) + (2 if cfg.center else 0)
+    sigma_c = None
+    pre = []
+    if n_pre:
+        sigma_c = calibrate(lambda s: _preprocess_event(s, n_pre), cfg.preprocess_fraction * cfg.epsilon,
+                            cfg.delta, bracket=(1e-2, 1e6))
+        pre = [_preprocess_event(sigma_c, n_pre)]
+    sigma = calibrate(lambda s: dp_accounting.ComposedDpEvent(pre + [_training_event(cfg, s)]), cfg.epsilon,
+                      cfg.delta, bracket=(1e-2, 1e6))
+    return sigma_c, sigma
+
+
+def _needs_counts(method: str) -> bool:
+    return method.endswith("tail") or method.startswith("ada")
+
+
+def fit(train: Interactions, cfg: AltMinConfig, seed: int = 0) -> AltMinModel:
+    """Trains with `cfg.method` on `train` and returns the released item matrix and the PrivacyReport."""
+    cfg = cfg.resolve()
+    if train.nnz == 0:
+        raise ValueError("train has no ratings")
+    lo, hi = cfg.rating_range
+    if train.rating.min() < lo or train.rating.max() > hi:
+        raise ValueError(f"ratings must lie in the declared rating_range {cfg.rating_range}")
+    timings = {}
+    t0 = time.perf_counter()
+    key = jax.random.key(seed)
+    k_mean, k_counts, k_weights, k_init, k_train = jax.random.split(key, 5)
+    user, item = jnp.asarray(train.user), jnp.asarray(train.item)
+    n_users, n_items, k = train.n_users, train.n_items, cfg.budget
+    report = PrivacyReport(cfg.delta, unit="user", relation="add/remove all ratings of one user")
+
+    # Noise calibration, then pre-processing.
+    sigma_c, sigma = calibrate_noise(cfg) if cfg.private else (None, None)
+    if not cfg.private:
+        report.add("NON-PRIVATE reference (exact statistics)", dp_accounting.NonPrivateDpEvent())
+        mean = float(train.rating.mean()) if cfg.center else 0.0
+    elif cfg.center:
+        mid, half = 0.5 * (lo + hi), 0.5 * (hi - lo)  # shift by the public midpoint: smaller sensitivity
+        mean = mid + private_mean(k_mean, user, jnp.asarray(train.rating - mid), half, k, sigma_c, report)
+    else:
+        mean = 0.0
+    counts = None
+    if cfg.private and _needs_counts(cfg.method):
+        counts = private_counts(k_counts, user, item, n_items, k, sigma_c, report, name="item counts").counts
+
+    # Budget allocation as weights with Σ_i w_ij² ≤ k for every user.
+    if not cfg.private:
+        weights = jnp.ones(train.nnz, jnp.float32)
+    elif cfg.method.endswith("uniform"):
+        weights = uniform_sampling_weights(k_weights, user, k)
+    elif cfg.method.endswith("tail"):
+        weights = tail_sampling_weights(k_weights, user, item, counts, k)
+    else:
+        weights = adaptive_weights(counts, user, item, n_users, float(k), cfg.mu, cfg.weight_mode)
+    weights = np.asarray(weights)
+    if cfg.private:
+        check_user_budget(train.user, weights, n_users, float(k))
+    timings["preprocess_seconds"] = time.perf_counter() - t0
+
+    # Item-side plan (fixed across steps): tasks = items, features = user embeddings.
+    t1 = time.perf_counter()
+    mesh = task_mesh(cfg.n_shards) if cfg.method.startswith(("dpals", "ada-dpals", "als")) else None
+    labels = np.clip(train.rating - mean, -cfg.label_clip, cfg.label_clip) if cfg.private else train.rating - mean
+    d = cfg.dim
+    is_sgd = "sgd" in cfg.method
+    if not is_sgd:
+        n_dev = 1 if mesh is None else mesh.size
+        plan = gram.build_plan(train.item, train.user, weights, n_items, n_shards=n_dev)
+        classes, stack_index = gram.device_arrays(plan, plan.slot_values(labels))
+        global_task, flat_index = jnp.asarray(plan.global_task), jnp.asarray(plan.flat_index)
+    timings["plan_seconds"] = time.perf_counter() - t1
+
+    gamma, gy = cfg.user_clip, cfg.label_clip
+    if cfg.private and not is_sgd:
+        std_a, std_b = sigma * math.sqrt(k) * gamma**2, sigma * math.sqrt(k) * gamma * gy
+        lam = cfg.reg if cfg.reg is not None else cfg.reg_scale * 2 * math.sqrt(d) * std_a
+    else:
+        std_a = std_b = 0.0
+        lam = cfg.reg if cfg.reg is not None else (cfg.user_reg if not cfg.private else 1.0)
+    if is_sgd:
+        sgd = NoisyGDConfig(cfg.sgd_clip, sigma if cfg.private else 1.0, cfg.sgd_inner_steps,
+                            cfg.sgd_lr or 0.5, lam=lam if cfg.reg is not None else 0.0, sample_rate=cfg.sample_rate)
+
+    v = cfg.init_scale * jax.random.normal(k_init, (n_items, d), jnp.float32)
+    step_seconds = []
+    for t in tqdm(range(cfg.steps), desc=f"{cfg.method}", disable=not cfg.show_progress, leave=False):
+        ts = time.perf_counter()
+        u = solve_users(train, np.asarray(v), mean, cfg.user_reg)
+        feats = clip_by_norm(jnp.asarray(u), gamma) if cfg.private else jnp.asarray(u)
+        k_step = jax.random.fold_in(k_train, t)
+        if not is_sgd:
+            theta = solve_tasks(feats, classes, stack_index, global_task, k_step, std_a, std_b, lam,
+                                mesh=mesh, noisy=cfg.private)
+            v = theta[flat_index]
+        else:
+            v = _noisy_gd_run(k_step, v, item, user, feats[user], jnp.asarray(labels, jnp.float32),
+                              jnp.asarray(weights), n_items, n_users, sgd.steps, sgd.clip_norm,
+                              sgd.noise_multiplier if cfg.private else 0.0, sgd.learning_rate, sgd.lam,
+                              sgd.sample_rate, jnp.inf)
+        v = jax.block_until_ready(v)
+        step_seconds.append(time.perf_counter() - ts)
+    if cfg.private:
+        if is_sgd:
+            record_noisy_gd_releases(report, sgd, count=cfg.steps, prefix="item update (noisy GD)")
+        else:
+            record_ssp_releases(report, sigma, float(k), gamma, gy, count=cfg.steps, prefix="item update (SSP)")
+    timings["step_seconds"] = step_seconds
+    timings["train_seconds"] = time.perf_counter() - t0
+    return AltMinModel(np.asarray(v), float(mean), cfg, report, sigma, timings)
+
+
+def evaluate_ratings(model: AltMinModel, history: Interactions, test: Interactions,
+                     item_buckets: np.ndarray | None = None) -> dict:
+    """RMSE on `test` with user embeddings solved from `history`; per-bucket RMSE if buckets given."""
+    from jdp.metrics import sliced_rmse
+    u = model.user_factors(history)
+    pred = model.predict(u, test.user, test.item)
+    out = {"rmse_test": float(np.sqrt(np.mean((pred - test.rating) ** 2)))}
+    if item_buckets is not None:
+        out["sliced"] = {"rmse_by_bucket": sliced_rmse(pred, test.rating, test.item, item_buckets)}
+    return out
