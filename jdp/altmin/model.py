@@ -56,12 +56,15 @@ class AltMinConfig:
     reg: float | None = None             # item ridge λ; default noise-aware: reg_scale·2√d·std(A noise)
     reg_scale: float = 0.5
     user_reg: float | None = None        # user ridge; default 1.0 (private) / 5.0 (als)
-    preprocess_fraction: float = 0.15    # share of ε for counts + centering (spent first; the rest by bisection)
+    count_fraction: float = 0.12         # ε share that sets the noise of the private item counts
+    center_fraction: float = 0.03        # ε share that sets the noise of the private mean (very insensitive)
     sgd_inner_steps: int = 4             # noisy GD updates per outer step (dpsgd-*)
     sgd_clip: float = 1.0                # per-user gradient clip C (dpsgd-*)
     sgd_lr: float | None = None          # default 0.5·n_users / (k·Γ²·Γy_scale) normalisation, see resolve()
     sample_rate: float = 1.0             # Poisson rate of users per noisy GD step (1 = full batch)
     init_scale: float = 0.1
+    rescale_items: bool = True           # rescale released V to mean row norm 1 after each update (public
+                                         # post-processing) so user_reg has the same meaning at every step
     n_shards: int | None = None          # devices for the item update (None: all local devices)
     show_progress: bool = True
 
@@ -82,8 +85,11 @@ class AltMinConfig:
         check_positive(self.user_clip, "user_clip")
         if self.budget < 1:
             raise ValueError(f"budget must be >= 1, got {self.budget}")
-        if not 0 < self.preprocess_fraction < 1:
-            raise ValueError(f"preprocess_fraction must be in (0, 1), got {self.preprocess_fraction}")
+        for name in ("count_fraction", "center_fraction"):
+            if not 0 < getattr(self, name) < 1:
+                raise ValueError(f"{name} must be in (0, 1), got {getattr(self, name)}")
+        if self.count_fraction + self.center_fraction >= 1:
+            raise ValueError("count_fraction + center_fraction must be < 1")
         if self.weight_mode not in ("clip", "normalize"):
             raise ValueError(f"weight_mode must be 'clip' or 'normalize', got {self.weight_mode!r}")
         eps = self.epsilon if self.private else math.inf
@@ -140,18 +146,22 @@ def _training_event(cfg: AltMinConfig, sigma: float) -> dp_accounting.DpEvent:
     return dp_accounting.SelfComposedDpEvent(step, cfg.steps)
 
 
-def calibrate_noise(cfg: AltMinConfig) -> tuple[float | None, float]:
-    """(σ_c for pre-processing or None, σ for training) so that the whole run spends exactly (ε, δ)."""
-    n_pre = (1 if _needs_counts(cfg.method) else 0) + (2 if cfg.center else 0)
-    sigma_c = None
-    pre = []
-    if n_pre:
-        sigma_c = calibrate(lambda s: _preprocess_event(s, n_pre), cfg.preprocess_fraction * cfg.epsilon,
-                            cfg.delta, bracket=(1e-2, 1e6))
-        pre = [_preprocess_event(sigma_c, n_pre)]
+def calibrate_noise(cfg: AltMinConfig) -> tuple[float | None, float | None, float]:
+    """(σ for the mean, σ for the counts, σ for training): the pre-processing noise multipliers are set so
+    that each alone would spend its fraction of ε; then σ is found by bisection so that the composition
+    of everything spends exactly (ε, δ)."""
+    pre, sigma_mean, sigma_counts = [], None, None
+    if cfg.center:
+        sigma_mean = calibrate(lambda s: _preprocess_event(s, 2), cfg.center_fraction * cfg.epsilon, cfg.delta,
+                               bracket=(1e-2, 1e7))
+        pre.append(_preprocess_event(sigma_mean, 2))
+    if _needs_counts(cfg.method):
+        sigma_counts = calibrate(lambda s: _preprocess_event(s, 1), cfg.count_fraction * cfg.epsilon, cfg.delta,
+                                 bracket=(1e-2, 1e7))
+        pre.append(_preprocess_event(sigma_counts, 1))
     sigma = calibrate(lambda s: dp_accounting.ComposedDpEvent(pre + [_training_event(cfg, s)]), cfg.epsilon,
-                      cfg.delta, bracket=(1e-2, 1e6))
-    return sigma_c, sigma
+                      cfg.delta, bracket=(1e-2, 1e7))
+    return sigma_mean, sigma_counts, sigma
 
 
 def _needs_counts(method: str) -> bool:
@@ -175,18 +185,18 @@ def fit(train: Interactions, cfg: AltMinConfig, seed: int = 0) -> AltMinModel:
     report = PrivacyReport(cfg.delta, unit="user", relation="add/remove all ratings of one user")
 
     # Noise calibration, then pre-processing.
-    sigma_c, sigma = calibrate_noise(cfg) if cfg.private else (None, None)
+    sigma_mean, sigma_counts, sigma = calibrate_noise(cfg) if cfg.private else (None, None, None)
     if not cfg.private:
         report.add("NON-PRIVATE reference (exact statistics)", dp_accounting.NonPrivateDpEvent())
         mean = float(train.rating.mean()) if cfg.center else 0.0
     elif cfg.center:
         mid, half = 0.5 * (lo + hi), 0.5 * (hi - lo)  # shift by the public midpoint: smaller sensitivity
-        mean = mid + private_mean(k_mean, user, jnp.asarray(train.rating - mid), half, k, sigma_c, report)
+        mean = mid + private_mean(k_mean, user, jnp.asarray(train.rating - mid), half, k, sigma_mean, report)
     else:
         mean = 0.0
     counts = None
     if cfg.private and _needs_counts(cfg.method):
-        counts = private_counts(k_counts, user, item, n_items, k, sigma_c, report, name="item counts").counts
+        counts = private_counts(k_counts, user, item, n_items, k, sigma_counts, report, name="item counts").counts
 
     # Budget allocation as weights with Σ_i w_ij² ≤ k for every user.
     if not cfg.private:
@@ -242,6 +252,8 @@ def fit(train: Interactions, cfg: AltMinConfig, seed: int = 0) -> AltMinModel:
                               jnp.asarray(weights), n_items, n_users, sgd.steps, sgd.clip_norm,
                               sgd.noise_multiplier if cfg.private else 0.0, sgd.learning_rate, sgd.lam,
                               sgd.sample_rate, jnp.inf)
+        if cfg.rescale_items:
+            v = v / jnp.maximum(jnp.mean(jnp.linalg.norm(v, axis=1)), 1e-12)
         v = jax.block_until_ready(v)
         step_seconds.append(time.perf_counter() - ts)
     if cfg.private:

@@ -25,13 +25,20 @@ import numpy as np
 ROWS_PER_BATCH = 65536  # gathered rows per scan iteration: bounds memory at ROWS_PER_BATCH·d floats
 
 
-def length_classes(max_count: int, smallest: int = 4) -> np.ndarray:
-    """Class lengths 4, 6, 8, 12, 16, 24, ... (alternating ×1.5, ×4/3) up to ≥ max_count."""
+def length_classes(max_count: int, fine: bool = True, smallest: int = 4) -> np.ndarray:
+    """Class lengths up to ≥ max_count: 4, 6, 8, 12, 16, 24, ... (≈√2 growth, ≤ 1.5× padding) when
+    `fine`, else powers of two (fewer classes, so less to compile, for small data)."""
     sizes = [smallest]
     while sizes[-1] < max_count:
-        nxt = sizes[-1] * 3 // 2 if len(sizes) % 2 else sizes[-1] * 4 // 3
+        if fine:
+            nxt = sizes[-1] * 3 // 2 if len(sizes) % 2 else sizes[-1] * 4 // 3
+        else:
+            nxt = sizes[-1] * 2
         sizes.append(max(nxt, sizes[-1] + 1))
     return np.asarray(sizes, np.int64)
+
+
+FINE_CLASSES_MIN_NNZ = 200_000  # below this, compile time outweighs padding: use power-of-two classes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +97,7 @@ def build_plan(task: np.ndarray, src: np.ndarray, weight: np.ndarray | None, n_t
     global_task[shard_of, local_of] = np.arange(n_tasks)
     flat_index = (shard_of * block + local_of).astype(np.int32)
 
-    sizes = length_classes(max(int(counts.max(initial=0)), 1))
+    sizes = length_classes(max(int(counts.max(initial=0)), 1), fine=len(order) >= FINE_CLASSES_MIN_NNZ)
     cls_of = np.where(counts > 0, np.searchsorted(sizes, counts), -1)
     classes, offset = [], 0
     stack_index = np.full((n_shards, block), -1, np.int64)

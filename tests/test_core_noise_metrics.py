@@ -1,0 +1,64 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jdp import metrics, noise
+
+
+def test_symmetric_gaussian_is_symmetric_with_stated_variance():
+    z = np.asarray(noise.symmetric_gaussian(jax.random.key(0), (4000,), 3, 2.0))
+    assert np.allclose(z, np.swapaxes(z, 1, 2))
+    for i, j in [(0, 0), (0, 1), (1, 2), (2, 2)]:
+        assert np.std(z[:, i, j]) == pytest.approx(2.0, rel=0.05)
+    assert abs(np.corrcoef(z[:, 0, 1], z[:, 0, 2])[0, 1]) < 0.05
+
+
+def test_clip_by_norm_and_psd_project():
+    x = jnp.array([[3.0, 4.0], [0.3, 0.4]])
+    assert np.allclose(noise.clip_by_norm(x, 1.0), [[0.6, 0.8], [0.3, 0.4]])
+    a = jnp.array([[1.0, 2.0], [2.0, 1.0]])  # eigenvalues 3, -1
+    p = np.asarray(noise.psd_project(a))
+    assert np.linalg.eigvalsh(p).min() >= -1e-6
+    assert np.allclose(p, 1.5 * np.ones((2, 2)), atol=1e-5)
+
+
+def test_rmse_with_mask():
+    assert float(metrics.rmse(jnp.array([1.0, 2.0, 9.0]), jnp.array([1.0, 4.0, 0.0]), jnp.array([1, 1, 0]))) == pytest.approx(np.sqrt(2.0))
+
+
+def test_ranking_metrics_hand_made():
+    scores = jnp.array([[0.9, 0.8, 0.7, 0.1], [0.1, 0.2, 0.3, 0.4]])
+    targets = jnp.array([[False, True, False, True], [True, False, False, False]])
+    # user 0: top-2 = {0, 1}: one hit; denominator min(2, 2) = 2
+    r = np.asarray(metrics.recall_at_k(scores, targets, 2))
+    assert r[0] == pytest.approx(0.5) and r[1] == pytest.approx(0.0)
+    # history exclusion: removing item 0 of user 0 brings item 3? no: top-2 = {1, 2}
+    ex = jnp.array([[True, False, False, False], [False, False, False, False]])
+    assert float(metrics.recall_at_k(scores, targets, 2, ex)[0]) == pytest.approx(0.5)
+    n = np.asarray(metrics.ndcg_at_k(scores, targets, 2))
+    assert n[0] == pytest.approx((1 / np.log2(3)) / (1 + 1 / np.log2(3)))
+    h = np.asarray(metrics.hit_at_k(scores, targets, 3))
+    assert list(h) == [1.0, 0.0]
+    # denominator min(k, |targets|): one target, k = 3, hit -> 1
+    assert float(metrics.recall_at_k(scores, jnp.array([[False, True, False, False]] * 2), 3)[0]) == 1.0
+    assert np.isnan(float(metrics.recall_at_k(scores, jnp.zeros((2, 4), bool), 2)[0]))
+
+
+def test_rank_of_target():
+    scores = jnp.array([[0.1, 0.5, 0.9, 0.3]])
+    assert int(metrics.rank_of_target(scores, jnp.array([1]))[0]) == 1
+    ex = jnp.array([[False, False, True, False]])
+    assert int(metrics.rank_of_target(scores, jnp.array([1]), ex)[0]) == 0
+
+
+def test_popularity_buckets_and_sliced_rmse():
+    counts = np.array([50, 1, 7, 3, 100, 2, 9, 20, 4, 5])
+    b = metrics.popularity_buckets(counts, 5)
+    assert list(np.bincount(b)) == [2] * 5
+    assert b[1] == 0 and b[4] == 4
+    item = np.array([1, 4, 4])
+    out = metrics.sliced_rmse(np.array([1.0, 2.0, 2.0]), np.array([0.0, 2.0, 0.0]), item, b, 5)
+    assert out[0] == pytest.approx(1.0) and out[4] == pytest.approx(np.sqrt(2.0)) and np.isnan(out[2])
+    with pytest.raises(ValueError, match="n_buckets"):
+        metrics.popularity_buckets(counts, 11)
