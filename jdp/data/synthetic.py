@@ -117,7 +117,7 @@ def _merge_unique(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def planted_powerlaw(seed: int = 0, n_users: int = 69_878, n_items: int = 10_677, nnz: int = 10_000_000,
                      rank: int = 16, exponent: float = 1.0, noise_std: float = 0.5,
                      rating_scale: tuple[float, float] = (0.5, 5.0), user_activity_exponent: float = 0.5,
-                     mean: float = 3.5, max_rounds: int = 12) -> SyntheticTasks:
+                     mean: float = 3.5, max_rounds: int = 12, spectrum_decay: float = 1.0) -> SyntheticTasks:
     """Planted low-rank ratings with long-tailed item popularity and skewed user activity.
 
     Defaults match ML10M's size (69,878 users, 10,677 items, ~10M ratings); ML20M's size is
@@ -128,9 +128,11 @@ def planted_powerlaw(seed: int = 0, n_users: int = 69_878, n_items: int = 10_677
     more than n_users ratings, head items saturate (their realised share is below p_i); if the
     target is unreachable within `max_rounds` rounds the result has fewer than `nnz` ratings.
 
-    Ratings = mean + <u_j, v_i> + N(0, noise_std²), clipped to rating_scale, with
-    u_j, v_i ~ N(0, s²·I_rank) and s = (0.75/rank)^(1/4), so the signal has variance 0.75 and
-    (noise_std = 0.5) the rating std is ≈ 1 before clipping, like MovieLens. The output is sorted
+    Ratings = mean + <u_j, v_i> + N(0, noise_std²), clipped to rating_scale, with factor k of u_j
+    and v_i ~ N(0, a_k) and a_k ∝ (k+1)^(−spectrum_decay/2): factor k carries a share ∝ (k+1)^(−decay)
+    of the signal (a decaying spectrum like real rating matrices; 0 = all factors equal). Σ a_k² = 0.75,
+    so the signal has variance 0.75 and (noise_std = 0.5) the rating std is ≈ 1 before clipping,
+    like MovieLens. The output is sorted
     by (user, item) and has no duplicate pairs. `popularity` holds p_i.
     """
     n_users, n_items, nnz = _pos_int("n_users", n_users), _pos_int("n_items", n_items), _pos_int("nnz", nnz)
@@ -171,7 +173,9 @@ def planted_powerlaw(seed: int = 0, n_users: int = 69_878, n_items: int = 10_677
     item = (codes % n_items).astype(np.int32)
     del codes
 
-    scale = (0.75 / rank) ** 0.25
+    spectrum_decay = _pos_float("spectrum_decay", spectrum_decay, allow_zero=True)
+    share = np.arange(1, rank + 1, dtype=np.float64) ** (-spectrum_decay)
+    scale = np.sqrt(np.sqrt(0.75 * share / share.sum()))  # per-factor std: product variance a_k² sums to 0.75
     uf = (scale * rng.standard_normal((n_users, rank))).astype(np.float32)
     vf = (scale * rng.standard_normal((n_items, rank))).astype(np.float32)
     rating = np.empty(user.size, dtype=np.float32)

@@ -1,0 +1,97 @@
+import json
+
+import dp_accounting
+import numpy as np
+import pytest
+
+from jdp.accounting import compute_epsilon
+from jdp.altmin import AltMinConfig, calibrate_noise, fit
+from jdp.altmin.experiment import rating_experiment
+from jdp.data import planted_powerlaw, split_ratings
+
+
+@pytest.fixture(scope="module")
+def small():
+    data = planted_powerlaw(seed=1, n_users=1500, n_items=300, nnz=60_000, rank=4).data
+    return data, split_ratings(data, (0.8, 0.1, 0.1), seed=0)
+
+
+@pytest.mark.parametrize("method,names", [
+    ("dpals-uniform", ["global mean (sum)", "global mean (count)", "item update (SSP) A (Gram)", "item update (SSP) b (rhs)"]),
+    ("ada-dpals", ["global mean (sum)", "global mean (count)", "item counts", "item update (SSP) A (Gram)",
+                   "item update (SSP) b (rhs)"]),
+    ("dpsgd-tail", ["global mean (sum)", "global mean (count)", "item counts", "item update (noisy GD) step"]),
+])
+def test_report_composes_every_release_to_the_target(small, method, names):
+    _, (train, _, _) = small
+    cfg = AltMinConfig(method=method, epsilon=2.0, steps=2, dim=4, show_progress=False, sgd_inner_steps=2)
+    model = fit(train, cfg)
+    rep = model.report
+    assert [r.name for r in rep.releases] == names
+    assert rep.epsilon() == pytest.approx(2.0, rel=1e-3)
+    steps = [r for r in rep.releases if "item update" in r.name]
+    assert all(r.count == (2 if "SSP" in r.name else 4) for r in steps)
+    # the composed event of the report equals the calibrated structure
+    assert compute_epsilon(rep.event(), 1e-5) == pytest.approx(2.0, rel=1e-3)
+    # SSP noise scales: std = σ·√k·Γ² on A, σ·√k·Γ·Γy on b
+    if "SSP" in names[-1]:
+        a, b = rep.releases[-2], rep.releases[-1]
+        assert a.sensitivity == pytest.approx(10.0) and b.sensitivity == pytest.approx(10.0 * 2.25)
+        assert a.noise_scale / a.sensitivity == pytest.approx(model.noise_multiplier)
+
+
+def test_calibration_uses_bisection_on_the_whole_event():
+    cfg = AltMinConfig(method="ada-dpals", epsilon=1.0, steps=2).resolve()
+    s_mean, s_counts, sigma = calibrate_noise(cfg)
+    g = dp_accounting.GaussianDpEvent
+    ev = dp_accounting.ComposedDpEvent([dp_accounting.SelfComposedDpEvent(g(s_mean), 2), g(s_counts),
+                                        dp_accounting.SelfComposedDpEvent(dp_accounting.ComposedDpEvent([g(sigma)] * 2), 2)])
+    assert compute_epsilon(ev, 1e-5) == pytest.approx(1.0, rel=1e-3)
+    assert compute_epsilon(dp_accounting.SelfComposedDpEvent(g(s_mean), 2), 1e-5) == pytest.approx(0.03, rel=1e-2)
+
+
+def test_sharded_item_update_equals_unsharded(small):
+    _, (train, _, _) = small
+    kw = dict(method="ada-dpals", epsilon=3.0, steps=2, dim=4, show_progress=False)
+    v1 = fit(train, AltMinConfig(n_shards=1, **kw)).item_factors
+    v4 = fit(train, AltMinConfig(n_shards=4, **kw)).item_factors
+    np.testing.assert_allclose(v1, v4, rtol=2e-4, atol=2e-5)
+
+
+def test_quality_ordering_on_small_data(small):
+    data, _ = small
+    als = rating_experiment(data, AltMinConfig(method="als", dim=4, steps=6, show_progress=False))["metrics"]
+    assert als["rmse_test"] < als["rmse_mean_only_test"] - 0.05
+    hi = rating_experiment(data, AltMinConfig(method="dpals-uniform", epsilon=1e4, dim=4, steps=6, reg_scale=0.01,
+                                              show_progress=False))["metrics"]
+    assert hi["rmse_test"] < als["rmse_mean_only_test"]  # huge ε: close to the non-private model
+    for rmse in hi["sliced"]["rmse_test"]:
+        assert np.isfinite(rmse)
+
+
+def test_invalid_inputs(small):
+    _, (train, _, _) = small
+    with pytest.raises(ValueError, match="method"):
+        fit(train, AltMinConfig(method="dpals"))
+    with pytest.raises(ValueError, match="epsilon"):
+        fit(train, AltMinConfig(method="ada-dpals", epsilon=0.0))
+    with pytest.raises(ValueError, match="delta"):
+        fit(train, AltMinConfig(method="ada-dpals", delta=1.0))
+    with pytest.raises(ValueError, match="rating_range"):
+        fit(train, AltMinConfig(method="ada-dpals", rating_range=(1.0, 2.0)))
+    with pytest.raises(ValueError, match="budget"):
+        fit(train, AltMinConfig(method="ada-dpals", budget=0))
+
+
+def test_cli_writes_json(tmp_path):
+    from jdp.cli import main
+    out = tmp_path / "r.json"
+    rc = main(["altmin", "--data", "synthetic", "--synthetic-size", "800", "200", "20000", "--method", "dpals-tail",
+               "--epsilon", "3", "--dim", "4", "--steps", "2", "--out", str(out)])
+    assert rc == 0
+    row = json.loads(out.read_text())
+    for key in ("method", "epsilon", "delta", "metrics", "privacy", "timings"):
+        assert key in row
+    assert row["privacy"]["epsilon"] == pytest.approx(3.0, rel=1e-3)
+    assert len(row["metrics"]["sliced"]["rmse_test"]) == 5 and row["metrics"]["rmse_test"] > 0
+    assert main(["altmin", "--data", "movielens", "--method", "ada-dpals"]) == 2  # clean error, no path
