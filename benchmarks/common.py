@@ -42,9 +42,21 @@ def versions() -> dict:
     return out
 
 
+def _default_command() -> str:
+    """`python -m benchmarks.x args` (relative, never an absolute path of this machine)."""
+    script = pathlib.Path(sys.argv[0])
+    root = pathlib.Path(__file__).resolve().parents[1]
+    try:
+        rel = script.resolve().relative_to(root).with_suffix("")
+        head = "python -m " + ".".join(rel.parts)
+    except ValueError:
+        head = "python " + script.name
+    return " ".join([head] + sys.argv[1:])
+
+
 def provenance(command: str | None = None) -> dict:
     return {
-        "command": command or " ".join([pathlib.Path(sys.executable).name] + sys.argv),
+        "command": command or _default_command(),
         "git_commit": git_commit(),
         "device": device_description(),
         "versions": versions(),

@@ -54,7 +54,7 @@ class AltMinConfig:
     rating_range: tuple[float, float] = (0.5, 5.0)  # PUBLIC rating scale
     center: bool = True                  # private global mean (non-private exact mean for 'als')
     reg: float | None = None             # item ridge λ; default noise-aware: reg_scale·2√d·std(A noise)
-    reg_scale: float = 0.5
+    reg_scale: float = 2.0
     user_reg: float | None = None        # user ridge; default 1.0 (private) / 5.0 (als)
     count_fraction: float = 0.12         # ε share that sets the noise of the private item counts
     center_fraction: float = 0.03        # ε share that sets the noise of the private mean (very insensitive)

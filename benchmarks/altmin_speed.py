@@ -1,0 +1,109 @@
+"""Speed of the per-task Gram build and of one full AdaDPALS step at ML-20M scale.
+
+Everything is measured in one process, side by side: the dense-matmul throughput of this device
+(the yardstick), the bucketed Gram build, the plain per-observation segment_sum baseline, and a full
+AdaDPALS step (exact user solves for all users + private item update: Gram, noise, PSD ridge solve).
+
+    PYTHONPATH=. python -m benchmarks.altmin_speed            # ML-20M size, d = 64 and 128
+    PYTHONPATH=. python -m benchmarks.altmin_speed --quick    # small smoke run
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks.common import write_results
+from jdp.altmin.model import solve_users
+from jdp.data import planted_powerlaw
+from jdp.multitask import gram
+from jdp.multitask.ssp import solve_tasks
+from jdp.multitask.weights import adaptive_weights
+from jdp.noise import clip_by_norm
+
+
+def timed(fn, repeats=3):
+    jax.block_until_ready(fn())  # compile + warm up
+    best = math.inf
+    for _ in range(repeats):
+        t = time.perf_counter()
+        jax.block_until_ready(fn())
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def dense_gflops(n=4096):
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+    f = jax.jit(lambda a: a @ a)
+    return 2 * n**3 / timed(lambda: f(a)) / 1e9
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--dims", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--baseline-ratings", type=int, default=1_000_000,
+                    help="segment_sum baseline runs on this many ratings (it is slow); GFLOP/s are comparable")
+    args = ap.parse_args()
+    size = dict(n_users=136_677, n_items=20_108, nnz=10_000_000)
+    if args.quick:
+        size = dict(n_users=5_000, n_items=1_000, nnz=200_000)
+        args.baseline_ratings = 100_000
+    t = time.perf_counter()
+    data = planted_powerlaw(seed=0, **size).data
+    print(f"data {data} in {time.perf_counter() - t:.1f}s")
+    rng = np.random.default_rng(0)
+    counts = jnp.asarray(data.item_counts().astype(np.float32) + rng.normal(0, 100, data.n_items).astype(np.float32))
+    w = np.asarray(adaptive_weights(jnp.maximum(counts, 1.0), jnp.asarray(data.user), jnp.asarray(data.item),
+                                    data.n_users, 100.0, 0.25))
+    t = time.perf_counter()
+    plan = gram.build_plan(data.item, data.user, w, data.n_items)
+    plan_seconds = time.perf_counter() - t
+    classes, stack_index = gram.device_arrays(plan, plan.slot_values(np.clip(data.rating - 3.5, -2.25, 2.25)))
+    rows = []
+    peak = dense_gflops()
+    print(f"dense matmul: {peak:.1f} GFLOP/s; item plan built in {plan_seconds:.1f}s, padding x{plan.padded_rows / data.nnz:.3f}")
+    for d in args.dims:
+        u = clip_by_norm(jax.random.normal(jax.random.key(1), (data.n_users, d)) / math.sqrt(d), 1.0)
+        v = np.asarray(jax.random.normal(jax.random.key(2), (data.n_items, d)) / math.sqrt(d))
+        flops = 2 * data.nnz * d * d
+        gram_fn = jax.jit(lambda f: gram.shard_gram(f, tuple((s[0], q[0], y[0]) for s, q, y in classes), stack_index[0]))
+        t_gram = timed(lambda: gram_fn(u))
+        # plain baseline on a prefix of the ratings
+        nb = min(args.baseline_ratings, data.nnz)
+        base = lambda: gram.segment_sum_gram(u, jnp.asarray(data.item[:nb]), jnp.asarray(data.user[:nb]),  # noqa: E731
+                                             jnp.asarray(w[:nb]), jnp.asarray(data.rating[:nb]), data.n_items)
+        t_base = timed(base, repeats=1)
+        # full AdaDPALS step: user solves + private item update
+        gt = jnp.asarray(plan.global_task)
+
+        def step():
+            uu = clip_by_norm(jnp.asarray(solve_users(data, v, 3.5, 1.0)), 1.0)
+            return solve_tasks(uu, classes, stack_index, gt, jax.random.key(3), 80.0, 180.0, 900.0, mesh=None, noisy=True)
+
+        t_step = timed(step, repeats=2)
+        t_users = timed(lambda: solve_users(data, v, 3.5, 1.0), repeats=2)
+        row = {
+            "d": d, "n_users": data.n_users, "n_items": data.n_items, "nnz": data.nnz,
+            "dense_matmul_gflops": peak,
+            "gram_seconds": t_gram, "gram_gflops": flops / t_gram / 1e9, "gram_fraction_of_dense": flops / t_gram / 1e9 / peak,
+            "segment_sum_ratings": nb, "segment_sum_seconds": t_base,
+            "segment_sum_gflops": 2 * nb * d * d / t_base / 1e9,
+            "segment_sum_fraction_of_dense": 2 * nb * d * d / t_base / 1e9 / peak,
+            "speedup_vs_segment_sum": (t_base / nb) / (t_gram / data.nnz),
+            "adadpals_step_seconds": t_step, "user_solve_seconds": t_users,
+            "item_plan_seconds_once": plan_seconds, "padding_factor": plan.padded_rows / data.nnz,
+        }
+        rows.append(row)
+        print({k: (round(x, 4) if isinstance(x, float) else x) for k, x in row.items()})
+    path = write_results("altmin_speed" + ("_quick" if args.quick else ""), rows,
+                         command="python -m benchmarks.altmin_speed" + (" --quick" if args.quick else ""))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
