@@ -161,3 +161,15 @@ def test_noisy_gd_per_user_clipping_and_accounting():
     assert type(cfgp.step_event()).__name__ == "PoissonSampledDpEvent"
     with pytest.raises(ValueError, match="sample_rate"):
         NoisyGDConfig(clip_norm=0.5, noise_multiplier=1.0, steps=10, learning_rate=0.5, sample_rate=0.0)
+
+
+def test_ssp_clips_features_and_labels_before_accumulating():
+    rng, task, user, x, y, m, n = _random_instance(5)
+    w = np.full(user.size, 0.1, np.float32)
+    kw = dict(beta=10.0, noise_multiplier=1e-6, lam=1.0, n_shards=1)
+    big = ssp.task_weighted_ssp(jax.random.key(0), task, user, 100 * x, 100 * y, w, m, n, clip_x=0.5, clip_y=0.7, **kw)
+    xc = x * np.minimum(1.0, 0.5 / np.linalg.norm(100 * x, axis=1, keepdims=True)) * 100
+    ref = ssp.task_weighted_ssp(jax.random.key(0), task, user, xc, np.clip(100 * y, -0.7, 0.7), w, m, n,
+                                clip_x=0.5, clip_y=0.7, **kw)
+    np.testing.assert_allclose(np.asarray(big), np.asarray(ref), rtol=1e-4, atol=1e-5)
+    assert np.all(np.isfinite(np.asarray(big)))

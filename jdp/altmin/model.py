@@ -124,14 +124,29 @@ class AltMinModel:
         return np.clip(pred, lo, hi)
 
 
+class UserSolver:
+    """Exact per-user ridge solves u_j = (Σ_{i∈Ω_j} v_i v_iᵀ + λ_u I)⁻¹ Σ_{i∈Ω_j} (r_ij − mean) v_i.
+
+    The observation layout is built once (it does not change across steps); users are solved in
+    blocks of USERS_PER_BLOCK to bound memory (one d×d matrix per user in flight).
+    """
+
+    def __init__(self, data: Interactions, mean: float, user_reg: float):
+        n_blocks = max(1, -(-data.n_users // USERS_PER_BLOCK))
+        plan = gram.build_plan(data.user, data.item, None, data.n_users, n_shards=n_blocks)
+        self.classes, self.stack_index = gram.device_arrays(plan, plan.slot_values(data.rating - mean))
+        self.global_task, self.flat_index = jnp.asarray(plan.global_task), jnp.asarray(plan.flat_index)
+        self.user_reg = float(user_reg)
+
+    def __call__(self, item_factors) -> jax.Array:
+        u = solve_tasks(jnp.asarray(item_factors, jnp.float32), self.classes, self.stack_index, self.global_task,
+                        jax.random.key(0), 0.0, 0.0, self.user_reg, mesh=None, noisy=False)
+        return u[self.flat_index]
+
+
 def solve_users(data: Interactions, item_factors: np.ndarray, mean: float, user_reg: float) -> np.ndarray:
-    """u_j = (Σ_{i∈Ω_j} v_i v_iᵀ + λ_u I)⁻¹ Σ_{i∈Ω_j} (r_ij − mean) v_i for every user, [n_users, d]."""
-    n_blocks = max(1, -(-data.n_users // USERS_PER_BLOCK))
-    plan = gram.build_plan(data.user, data.item, None, data.n_users, n_shards=n_blocks)
-    classes, stack_index = gram.device_arrays(plan, plan.slot_values(data.rating - mean))
-    u = solve_tasks(jnp.asarray(item_factors, jnp.float32), classes, stack_index, jnp.asarray(plan.global_task),
-                    jax.random.key(0), 0.0, 0.0, float(user_reg), mesh=None, noisy=False)
-    return np.asarray(u[jnp.asarray(plan.flat_index)])
+    """Every user's embedding [n_users, d] from the item matrix and the user's own ratings."""
+    return np.asarray(UserSolver(data, mean, user_reg)(item_factors))
 
 
 def _preprocess_event(sigma_c: float, n_gaussians: int) -> dp_accounting.DpEvent:
@@ -237,11 +252,12 @@ def fit(train: Interactions, cfg: AltMinConfig, seed: int = 0) -> AltMinModel:
                             cfg.sgd_lr or 0.5, lam=lam if cfg.reg is not None else 0.0, sample_rate=cfg.sample_rate)
 
     v = cfg.init_scale * jax.random.normal(k_init, (n_items, d), jnp.float32)
+    user_solver = UserSolver(train, mean, cfg.user_reg)
     step_seconds = []
     for t in tqdm(range(cfg.steps), desc=f"{cfg.method}", disable=not cfg.show_progress, leave=False):
         ts = time.perf_counter()
-        u = solve_users(train, np.asarray(v), mean, cfg.user_reg)
-        feats = clip_by_norm(jnp.asarray(u), gamma) if cfg.private else jnp.asarray(u)
+        u = user_solver(v)
+        feats = clip_by_norm(u, gamma) if cfg.private else u
         k_step = jax.random.fold_in(k_train, t)
         if not is_sgd:
             theta = solve_tasks(feats, classes, stack_index, global_task, k_step, std_a, std_b, lam,
