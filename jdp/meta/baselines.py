@@ -53,6 +53,6 @@ def meta_sgd_nonprivate(key, tasks: TaskSet, learner, *, steps: int, batch_size:
         k_run, tasks.data, tasks.mask, h0_flat, learner=learner, spec=spec, batch_size=int(batch_size),
         sampling=sampling, steps=int(steps), n_active=tasks.n_tasks, meta_lr=float(meta_lr),
         clip=jnp.float32(math.inf if clip is None else clip), noise_std=jnp.float32(0.0),
-        radius=jnp.float32(math.inf if radius is None else radius), mean_over="realised")
+        radius=jnp.float32(math.inf if radius is None else radius))
     return MetaResult(avg if output == "average" else last, last, avg, spec, privacy.nonprivate_report(),
                       None, 0.0, int(batch_size), int(steps))

@@ -11,6 +11,7 @@ add/remove, 2C under replace-one), so the noise calibrated for meta-NSGD serves 
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -60,20 +61,32 @@ def private_clustering_meta(key, tasks: TaskSet, learner, q: int, *, epsilon: fl
 
 
 def routed_update(learner, spec: engine.FlatSpec, h: jax.Array, tasks: TaskSet, key, clip: float) -> jax.Array:
-    """The pre-noise update Σ_tasks onehot(C(Z)) ⊗ clip(ĝ_Z) [q, D] for a batch of tasks (same key per
-    task index, so two calls differing in one task differ only in that task's contribution)."""
+    """The pre-noise update Σ_tasks onehot(C(Z)) ⊗ clip(ĝ_Z) [q, D] for a batch of tasks (task i uses
+    key i, so two batches differing in one task differ only in that task's contribution)."""
     keys = jax.random.split(key, tasks.n_tasks)
-    return engine.routed_sum(learner, spec, h, tasks.data, tasks.mask, keys, jnp.ones((tasks.n_tasks,)),
-                             jnp.float32(clip))
+    return _routed_jit(learner, spec, h, tasks.data, tasks.mask, keys, jnp.ones((tasks.n_tasks,)), jnp.float32(clip))
 
 
-def update_sensitivity(learner, spec: engine.FlatSpec, h: jax.Array, tasks: TaskSet, drop: int, key,
-                       clip: float) -> float:
-    """‖U(batch) − U(batch without task `drop`)‖ of the concatenated q-model update (add/remove one task)."""
-    keep = jnp.array([i for i in range(tasks.n_tasks) if i != drop])
-    full = routed_update(learner, spec, h, tasks, key, clip)
-    keys = jax.random.split(key, tasks.n_tasks)[keep]
-    sub = tasks.take(keep)
-    part = engine.routed_sum(learner, spec, h, sub.data, sub.mask, keys, jnp.ones((keep.shape[0],)),
-                             jnp.float32(clip))
-    return float(jnp.linalg.norm(full - part))
+_routed_jit = jax.jit(engine.routed_sum, static_argnames=("learner", "spec"))
+
+
+@functools.partial(jax.jit, static_argnames=("learner", "spec"))
+def _drop_one_updates(learner, spec, h, data, mask, keys, clip):
+    k = mask.shape[0]
+    keep = jnp.array([[j for j in range(k) if j != i] for i in range(k)])  # [K, K-1]
+
+    def without(idx):
+        d = jax.tree.map(lambda a: a[idx], data)
+        return engine.routed_sum(learner, spec, h, d, mask[idx], keys[idx], jnp.ones((k - 1,)), clip)
+
+    return jax.vmap(without)(keep)
+
+
+def update_sensitivity(learner, spec: engine.FlatSpec, h: jax.Array, tasks: TaskSet, key,
+                       clip: float) -> jax.Array:
+    """[K]: ‖U(batch) − U(batch without task i)‖ of the concatenated q-model update, recomputed on
+    each reduced batch (add/remove one task); every entry is <= clip for any q."""
+    keys = jax.random.split(key, tasks.n_tasks)
+    full = _routed_jit(learner, spec, h, tasks.data, tasks.mask, keys, jnp.ones((tasks.n_tasks,)), jnp.float32(clip))
+    parts = _drop_one_updates(learner, spec, h, tasks.data, tasks.mask, keys, jnp.float32(clip))
+    return jnp.sqrt(jnp.sum((full[None] - parts) ** 2, axis=(1, 2)))
