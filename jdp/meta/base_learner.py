@@ -52,6 +52,7 @@ class SGDLearner:
     steps: int = 20
     lr: float = 0.07
     batch_size: int | None = None
+    unroll: int = 1  # lax.scan unroll of the inner steps (larger: fewer kernel launches, longer compile)
 
     def __post_init__(self):
         acc.check_positive(self.lam, "lam")
@@ -75,15 +76,15 @@ class SGDLearner:
 
         def step(w, k):
             if b is None:
-                m = mask
+                d, m = data, mask
             else:  # b real examples without replacement: top-b of Gumbel noise over the real ones
                 g = jax.random.gumbel(k, (n,)) + jnp.where(mask > 0, 0.0, -jnp.inf)
-                _, idx = jax.lax.top_k(g, b)
-                m = jnp.zeros((n,), mask.dtype).at[idx].set(mask[idx])
-            grad = jax.grad(self.objective)(w, h, data, m)
+                idx = jax.lax.top_k(g, b)[1]
+                d, m = jax.tree.map(lambda a: a[idx], data), mask[idx]
+            grad = jax.grad(self.objective)(w, h, d, m)
             return jax.tree.map(lambda p, gr: p - self.lr * gr, w, grad), None
 
-        w, _ = jax.lax.scan(step, h, jax.random.split(key, int(self.steps)))
+        w, _ = jax.lax.scan(step, h, jax.random.split(key, int(self.steps)), unroll=int(self.unroll))
         return w
 
 
