@@ -21,6 +21,7 @@ Speed: the same algorithm as a plain per-task Python/NumPy loop, timed on identi
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import time
@@ -57,6 +58,7 @@ def generate(setting: str, key, n_tasks: int, n_points: int) -> M.TaskSet:
     return M.authors_regression(key, n_tasks, n_points, D)[0]
 
 
+@functools.lru_cache(maxsize=None)
 def noise_multiplier(n: int, eps: float | None, sampling: str = "poisson") -> float:
     if eps is None:
         return 0.0
@@ -77,7 +79,7 @@ def grid_runner(q: int, sampling: str):
 
 
 def run_grid(setting: str, qs, epsilons, ns, reps: int, seed: int = 0, sampling: str = "poisson",
-             ftmrl: bool = False) -> list[dict]:
+             ftmrl: bool = False, local: bool = True) -> list[dict]:
     gen, clip = SETTINGS[setting]
     root = jax.random.PRNGKey(seed)
     rk = jax.random.split(root, reps)
@@ -110,7 +112,7 @@ def run_grid(setting: str, qs, epsilons, ns, reps: int, seed: int = 0, sampling:
                              transfer_risk=float(risks[:, j].mean()), transfer_risk_std=float(risks[:, j].std()),
                              noise_multiplier=z[(n, e)] or None, clip=clip, reps=reps, grid_wall_s=wall))
     # local training: each new task fits alone from h = 0 (λ = 0.8, and a nearly unregularised λ = 1e-6)
-    for lam, name in ((LAM, "local training"), (1e-6, "local training (lambda=1e-6)")):
+    for lam, name in ((LAM, "local training"), (1e-6, "local training (lambda=1e-6)")) if local else ():
         learner = M.SGDLearner(M.squared_loss, lam=lam, steps=INNER_STEPS, lr=INNER_LR, batch_size=INNER_BATCH)
         loc = np.array([M.local_training_risk(jax.random.fold_in(k, 5), learner, jnp.zeros(D), f, t)
                         for k, (f, t) in zip(rk, tests)])
@@ -119,7 +121,8 @@ def run_grid(setting: str, qs, epsilons, ns, reps: int, seed: int = 0, sampling:
                              sampling=None, epsilon=None, delta=None, q=None, n_tasks=n,
                              transfer_risk=float(loc.mean()), transfer_risk_std=float(loc.std()), reps=reps))
     if ftmrl:
-        rows += run_ftmrl(setting, [e for e in epsilons if e is not None], ns, pools, tests, rk, clip)
+        rows += run_ftmrl(setting, [e for e in epsilons if e is not None], [n for n in ns if n in (100, 400, 700)],
+                          pools, tests, rk, clip)
     return rows
 
 
@@ -249,19 +252,22 @@ def main(argv=None) -> None:
         write_results("meta_speed_quick" if args.quick else "meta_speed", sp)
         print(json.dumps(sp, indent=1))
         return
-    jobs = [("single-cluster", [1], dict(ftmrl=True)), ("multi-cluster", [1, 2, 3], {}),
-            ("multi-cluster-authors-generator", [1, 2, 3], {})]
-    for setting, qs, kw in tqdm(jobs, desc="settings"):
-        rows += run_grid(setting, qs, eps, ns, reps, **kw)
-    # fixed-size sampling (without replacement, replace-one accounting) for the authors' q = 2 row
-    rows += run_grid("multi-cluster-authors-generator", [2], [10.0], ns[-1:], reps, sampling="fixed")
+    # the authors' generator: the notebook's budgets ε ∈ {3, 10, ∞}; fixed-size sampling (without
+    # replacement, replace-one accounting) for its q = 2, ε = 10 row; DP-FTMRL at N ∈ {100, 400, 700}
+    jobs = [("multi-cluster-authors-generator", [1, 2, 3], dict(epsilons=[3.0, 10.0, None])),
+            ("single-cluster", [1], dict(ftmrl=True)), ("multi-cluster", [1, 2, 3], {}),
+            ("multi-cluster-authors-generator", [2], dict(epsilons=[10.0], ns=ns[-1:], sampling="fixed",
+                                                          local=False))]
     name = "meta_transfer_risk_quick" if args.quick else "meta_transfer_risk"
     paper = [dict(setting="multi-cluster", generator="authors", method="authors' notebook (q=2)", epsilon=e, q=2,
                   n_tasks=n, transfer_risk=v) for e, d in PAPER_AUTHORS_Q2.items() for n, v in d.items()]
-    write_results(name, rows, paper_reference=paper, delta=DELTA, learner=dict(
-        lam=LAM, inner_steps=INNER_STEPS, inner_lr=INNER_LR, inner_batch=INNER_BATCH, meta_lr=META_LR,
-        batch=BATCH, init_scale=INIT))
-    plot(rows, RESULTS_DIR / f"{name}.png")
+    for setting, qs, kw in tqdm(jobs, desc="settings"):
+        kw = {"epsilons": eps, "ns": ns, **kw}
+        rows += run_grid(setting, qs, kw.pop("epsilons"), kw.pop("ns"), reps, **kw)
+        write_results(name, rows, paper_reference=paper, delta=DELTA, learner=dict(  # after each setting
+            lam=LAM, inner_steps=INNER_STEPS, inner_lr=INNER_LR, inner_batch=INNER_BATCH, meta_lr=META_LR,
+            batch=BATCH, init_scale=INIT))
+        plot(rows, RESULTS_DIR / f"{name}.png")
     if not args.skip_speed:
         sp = [speed_benchmark(100, 2, eps, reps=2 if args.quick else 5)]
         write_results("meta_speed_quick" if args.quick else "meta_speed", sp)

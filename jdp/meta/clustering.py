@@ -71,15 +71,17 @@ _routed_jit = jax.jit(engine.routed_sum, static_argnames=("learner", "spec"))
 
 
 @functools.partial(jax.jit, static_argnames=("learner", "spec"))
-def _drop_one_updates(learner, spec, h, data, mask, keys, clip):
+def _drop_one_sensitivity(learner, spec, h, data, mask, keys, clip):
     k = mask.shape[0]
+    full = engine.routed_sum(learner, spec, h, data, mask, keys, jnp.ones((k,)), clip)
     keep = jnp.array([[j for j in range(k) if j != i] for i in range(k)])  # [K, K-1]
 
     def without(idx):
         d = jax.tree.map(lambda a: a[idx], data)
         return engine.routed_sum(learner, spec, h, d, mask[idx], keys[idx], jnp.ones((k - 1,)), clip)
 
-    return jax.vmap(without)(keep)
+    parts = jax.vmap(without)(keep)
+    return jnp.sqrt(jnp.sum((full[None] - parts) ** 2, axis=(1, 2)))
 
 
 def update_sensitivity(learner, spec: engine.FlatSpec, h: jax.Array, tasks: TaskSet, key,
@@ -87,6 +89,4 @@ def update_sensitivity(learner, spec: engine.FlatSpec, h: jax.Array, tasks: Task
     """[K]: ‖U(batch) − U(batch without task i)‖ of the concatenated q-model update, recomputed on
     each reduced batch (add/remove one task); every entry is <= clip for any q."""
     keys = jax.random.split(key, tasks.n_tasks)
-    full = _routed_jit(learner, spec, h, tasks.data, tasks.mask, keys, jnp.ones((tasks.n_tasks,)), jnp.float32(clip))
-    parts = _drop_one_updates(learner, spec, h, tasks.data, tasks.mask, keys, jnp.float32(clip))
-    return jnp.sqrt(jnp.sum((full[None] - parts) ** 2, axis=(1, 2)))
+    return _drop_one_sensitivity(learner, spec, h, tasks.data, tasks.mask, keys, jnp.float32(clip))
