@@ -78,3 +78,17 @@ def test_bad_inputs(tiny_root, tmp_path):
     (tmp_path / "images_background").mkdir()
     with pytest.raises(ValueError, match="root"):
         omniglot.load_omniglot(tmp_path, splits="images_background")
+
+
+@pytest.mark.slow
+def test_meta_nsgd_on_tiny_omniglot_tasks(tiny_root):
+    from jdp import meta as M
+    data = omniglot.load_omniglot(tiny_root, size=8)
+    tasks = omniglot.sample_tasks(jax.random.PRNGKey(0), data, 20, n_way=3, k_shot=2, n_query=1)
+    params, loss = omniglot.conv_classifier(jax.random.PRNGKey(1), 3, image_size=8, channels=4)
+    learner = M.SGDLearner(loss, lam=0.2, steps=3, lr=0.1, batch_size=4)
+    res = M.meta_nsgd(jax.random.PRNGKey(2), tasks, learner, params, epsilon=8.0, delta=1e-5, steps=3,
+                      batch_size=5, meta_lr=0.5, clip=0.5)
+    assert jax.tree.structure(res.params()) == jax.tree.structure(params)
+    sup, qry = tasks.split_points(6)
+    assert np.isfinite(M.transfer_risk(jax.random.PRNGKey(3), learner, res, sup, qry))
