@@ -39,6 +39,7 @@ from jdp.meta.evaluate import per_task_risk
 D, N_POINTS, N_TEST_POINTS, N_FINETUNE, N_TEST_TASKS, K_POOL = 30, 10, 50, 10, 400, 1000
 LAM, INNER_STEPS, INNER_LR, INNER_BATCH, META_LR, BATCH, INIT = 0.8, 20, 0.07, 4, 0.35, 10, 1 / math.sqrt(30)
 DELTA = 1e-5
+CMD = "PYTHONPATH=. python -m benchmarks.meta_experiments"
 LEARNER = M.SGDLearner(M.squared_loss, lam=LAM, steps=INNER_STEPS, lr=INNER_LR, batch_size=INNER_BATCH)
 SPEC = engine.FlatSpec.of(jnp.zeros(D))
 SETTINGS = {  # name -> (generator, code clip c -> jdp clip 2c)
@@ -66,13 +67,13 @@ def noise_multiplier(n: int, eps: float | None, sampling: str = "poisson") -> fl
     return M.calibrate_noise_multiplier(lambda s: M.meta_sgd_event(s, n, BATCH, n, sampling), eps, DELTA, rel)
 
 
-def grid_runner(q: int, sampling: str):
+def grid_runner(q: int, sampling: str, learner=LEARNER):
     """jit(vmap over reps(vmap over configs)) of the engine + evaluation -> risks [R, C]."""
     def one(key, data, mask, n_active, noise_std, clip, h0, ft, ts):
-        last, _ = engine.train(key, data, mask, h0, learner=LEARNER, spec=SPEC, batch_size=BATCH, sampling=sampling,
+        last, _ = engine.train(key, data, mask, h0, learner=learner, spec=SPEC, batch_size=BATCH, sampling=sampling,
                                steps=n_active, n_active=n_active, meta_lr=META_LR, clip=clip, noise_std=noise_std,
                                radius=jnp.float32(jnp.inf), chunk=20 if sampling == "poisson" else None)
-        return jnp.mean(per_task_risk(jax.random.fold_in(key, 7), LEARNER, SPEC, last, ft, ts))
+        return jnp.mean(per_task_risk(jax.random.fold_in(key, 7), learner, SPEC, last, ft, ts))
 
     inner = jax.vmap(one, in_axes=(0, None, None, 0, 0, 0, None, None, None))
     return jax.jit(jax.vmap(inner, in_axes=(0, 0, 0, None, None, None, 0, 0, 0)))
@@ -145,10 +146,14 @@ def run_ftmrl(setting, epsilons, ns, pools, tests, rk, clip) -> list[dict]:
 
 # ----------------------------------------------------------------------------------------------------
 # Plain per-task loop implementation (NumPy), the speed baseline: same algorithm, one task at a time.
-def loop_inner(x, y, h, rng):
+def loop_inner(x, y, h, rng, minibatch="resample"):
     w = h.copy()
-    for _ in range(INNER_STEPS):
-        idx = rng.choice(len(y), INNER_BATCH, replace=False)
+    perm = rng.permutation(len(y)) if minibatch == "cycle" else None
+    for s in range(INNER_STEPS):
+        if perm is None:
+            idx = rng.choice(len(y), INNER_BATCH, replace=False)
+        else:
+            idx = perm[(s * INNER_BATCH + np.arange(INNER_BATCH)) % len(y)]
         xb, yb = x[idx], y[idx]
         grad = 2.0 / INNER_BATCH * xb.T @ (xb @ w - yb) + LAM * (w - h)
         w -= INNER_LR * grad
@@ -156,26 +161,26 @@ def loop_inner(x, y, h, rng):
     return w, obj
 
 
-def loop_run(x, y, n, q, clip, noise_std, h0, xf, yf, xt, yt, seed):
+def loop_run(x, y, n, q, clip, noise_std, h0, xf, yf, xt, yt, seed, minibatch="resample"):
     rng = np.random.default_rng(seed)
     h = h0.copy()
     for _ in range(n):  # T = N steps, Poisson sampling with rate 10/N
         s = np.zeros_like(h)
         for k in np.flatnonzero(rng.random(n) < BATCH / n):
-            fits = [loop_inner(x[k], y[k], h[i], rng) for i in range(q)]
+            fits = [loop_inner(x[k], y[k], h[i], rng, minibatch) for i in range(q)]
             a = int(np.argmin([f[1] for f in fits]))
             g = LAM * (h[a] - fits[a][0])
             s[a] += g * min(1.0, clip / max(np.linalg.norm(g), 1e-12))
         h -= META_LR * (s + noise_std * rng.standard_normal(h.shape)) / BATCH
     risks = []
     for k in range(len(yf)):
-        fits = [loop_inner(xf[k], yf[k], h[i], rng) for i in range(q)]
+        fits = [loop_inner(xf[k], yf[k], h[i], rng, minibatch) for i in range(q)]
         w = fits[int(np.argmin([f[1] for f in fits]))][0]
         risks.append(np.mean((xt[k] @ w - yt[k]) ** 2))
     return float(np.mean(risks))
 
 
-def speed_benchmark(n: int, q: int, epsilons, reps: int) -> dict:
+def speed_benchmark(n: int, q: int, epsilons, reps: int, minibatch: str = "resample") -> dict:
     """The same experiment (authors' generator, q meta-models, N tasks, every ε, `reps` repetitions) run
     vectorised (one compiled call over repetitions × ε) and as the per-task NumPy loop, side by side."""
     setting = "multi-cluster-authors-generator"
@@ -192,7 +197,9 @@ def speed_benchmark(n: int, q: int, epsilons, reps: int) -> dict:
             stack([p.mask for p in pools]), jnp.array([n] * len(epsilons)),
             jnp.array([z * clip for z in zs], jnp.float32), jnp.array(clips, jnp.float32), jnp.stack(h0s),
             stack([t[0] for t in tests]), stack([t[1] for t in tests]))
-    runner = grid_runner(q, "poisson")
+    learner = LEARNER if minibatch == "resample" else M.SGDLearner(
+        M.squared_loss, lam=LAM, steps=INNER_STEPS, lr=INNER_LR, batch_size=INNER_BATCH, minibatch=minibatch)
+    runner = grid_runner(q, "poisson", learner)
     t0 = time.perf_counter()
     compiled = runner.lower(*args).compile()
     t_compile = time.perf_counter() - t0
@@ -204,9 +211,11 @@ def speed_benchmark(n: int, q: int, epsilons, reps: int) -> dict:
     for r, (p, (f, t)) in enumerate(zip(pools, tests)):
         (x, y), (xf, yf), (xt, yt) = [jax.tree.map(np.asarray, a.data) for a in (p, f, t)]
         for j, (z, c) in enumerate(zip(zs, clips)):
-            loop[r, j] = loop_run(x, y, n, q, c, z * clip, h0s[r], xf, yf, xt, yt, seed=r * 100 + j)
+            loop[r, j] = loop_run(x, y, n, q, c, z * clip, h0s[r], xf, yf, xt, yt, seed=r * 100 + j,
+                                  minibatch=minibatch)
     t_loop = time.perf_counter() - t0
     return dict(setting="multi-cluster", generator="authors", method="private clustering + non-private",
+                inner_minibatch=minibatch,
                 epsilons=list(epsilons), q=q, n_tasks=n, reps=reps, runs=reps * len(epsilons), loop_s=t_loop,
                 vectorised_s=t_vec, vectorised_compile_s=t_compile, speedup=t_loop / t_vec,
                 speedup_including_compile=t_loop / (t_vec + t_compile),
@@ -248,8 +257,8 @@ def main(argv=None) -> None:
     eps = [1.0, 3.0, 10.0, None]
     rows = []
     if args.only_speed:
-        sp = [speed_benchmark(100, 2, eps, reps=2 if args.quick else 5)]
-        write_results("meta_speed_quick" if args.quick else "meta_speed", sp)
+        sp = [speed_benchmark(100, 2, eps, reps=2 if args.quick else 5, minibatch=mb) for mb in ("resample", "cycle")]
+        write_results("meta_speed_quick" if args.quick else "meta_speed", sp, command=CMD + " --only-speed")
         print(json.dumps(sp, indent=1))
         return
     # the authors' generator: the notebook's budgets ε ∈ {3, 10, ∞}; fixed-size sampling (without
@@ -264,13 +273,13 @@ def main(argv=None) -> None:
     for setting, qs, kw in tqdm(jobs, desc="settings"):
         kw = {"epsilons": eps, "ns": ns, **kw}
         rows += run_grid(setting, qs, kw.pop("epsilons"), kw.pop("ns"), reps, **kw)
-        write_results(name, rows, paper_reference=paper, delta=DELTA, learner=dict(  # after each setting
+        write_results(name, rows, command=CMD, paper_reference=paper, delta=DELTA, learner=dict(  # after each setting
             lam=LAM, inner_steps=INNER_STEPS, inner_lr=INNER_LR, inner_batch=INNER_BATCH, meta_lr=META_LR,
             batch=BATCH, init_scale=INIT))
         plot(rows, RESULTS_DIR / f"{name}.png")
     if not args.skip_speed:
-        sp = [speed_benchmark(100, 2, eps, reps=2 if args.quick else 5)]
-        write_results("meta_speed_quick" if args.quick else "meta_speed", sp)
+        sp = [speed_benchmark(100, 2, eps, reps=2 if args.quick else 5, minibatch=mb) for mb in ("resample", "cycle")]
+        write_results("meta_speed_quick" if args.quick else "meta_speed", sp, command=CMD)
         print(json.dumps(sp, indent=1))
     for r in rows:
         if r["n_tasks"] in (100, 400, 700):
