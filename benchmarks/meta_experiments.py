@@ -230,17 +230,21 @@ def plot(rows: list[dict], path) -> None:
     fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4.5), squeeze=False)
     for ax, (setting, gen) in zip(axes[0], groups):
         sub = [r for r in rows if r["setting"] == setting and r["generator"] == gen and r.get("sampling") != "fixed"]
+        styles = {1.0: ":", 3.0: "-.", 10.0: "--", 0: "-"}
         for key in sorted({(r["method"], r["epsilon"] or 0, r["q"] or 0) for r in sub}, key=str):
             pts = sorted((r["n_tasks"], r["transfer_risk"]) for r in sub
                          if (r["method"], r["epsilon"] or 0, r["q"] or 0) == key)
             m, e, q = key
             label = m + (f" eps={e:g}" if e else "") + (f" q={q}" if q and "local" not in m else "")
-            ax.plot(*zip(*pts), marker="o", ms=3, label=label, ls="--" if "local" in m or "FTMRL" in m else "-")
+            color = ("black" if m == "local training" else "gray" if "local" in m else "tab:purple" if "FTMRL" in m
+                     else {1: "tab:blue", 2: "tab:orange", 3: "tab:green"}[q])
+            ax.plot(*zip(*pts), marker="o", ms=3, label=label, color=color, ls=styles.get(e, "-"),
+                    lw=2 if not e else 1.3)
         ax.set_yscale("log")
         ax.set_title(f"{setting} ({gen} features)")
         ax.set_xlabel("number of training tasks N")
         ax.set_ylabel("transfer risk (test MSE)")
-        ax.legend(fontsize=6, ncol=2)
+        ax.legend(fontsize=6, ncol=2, title="colour: q / method, line: eps (solid = non-private)", title_fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
