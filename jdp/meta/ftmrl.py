@@ -77,8 +77,7 @@ def dp_ftmrl(key, tasks: TaskSet, learner, h0: PyTree, *, epsilon: float | None,
     if noise_multiplier is not None:
         z = acc.check_positive(noise_multiplier, "noise_multiplier")
     else:
-        z = privacy.calibrate_noise_multiplier(lambda s: privacy.tree_event(s, n_steps), epsilon, delta,
-                                               privacy.REPLACE_SPECIAL)
+        z = privacy.calibrate_tree(acc.check_epsilon(epsilon), delta, n_steps)
     report = privacy.new_report(delta, privacy.REPLACE_SPECIAL)
     report.add(f"DP-FTMRL: tree aggregation over {n_steps} steps of {b} tasks", privacy.tree_event(z, n_steps),
                clip, z * clip)

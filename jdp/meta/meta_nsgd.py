@@ -106,8 +106,7 @@ def run_private(key, tasks: TaskSet, learner, h0_flat: jax.Array, spec: engine.F
         z = sigma * batch_size / sens  # σ is on the mean gradient, the engine adds noise to the sum
     else:
         epsilon = acc.check_epsilon(epsilon)
-        z = privacy.calibrate_noise_multiplier(
-            lambda s: privacy.meta_sgd_event(s, k, batch_size, steps, sampling), epsilon, delta, relation)
+        z = privacy.calibrate_meta_sgd(epsilon, delta, k, int(batch_size), int(steps), sampling)
     noise_std = z * sens
     report = privacy.new_report(delta, relation)
     report.add(f"{name}: {steps} noisy steps, {sampling} sampling of {batch_size}/{k} tasks",

@@ -12,6 +12,7 @@ characters, so task-level DP here protects a task, not a character or a writer.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import pathlib
 
 import jax
@@ -94,15 +95,24 @@ def sample_tasks(key, data: OmniglotData, n_tasks: int, n_way: int = 5, k_shot: 
     ok = data.counts[chars] >= per
     if ok.sum() < n_way:
         raise ValueError(f"k_shot + n_query = {per}: fewer than n_way={n_way} characters have that many images")
-    chars = jnp.asarray(chars[ok])
-    counts = jnp.asarray(data.counts)
-    images = jnp.asarray(data.images)
+    allowed = np.zeros(data.n_characters, bool)
+    allowed[chars[ok]] = True
+    x, y = _sample(key, jnp.asarray(data.images), jnp.asarray(data.counts), jnp.asarray(allowed), int(n_tasks),
+                   int(n_way), int(k_shot), int(n_query))
+    return TaskSet((x, y), jnp.ones(y.shape, jnp.float32))
+
+
+@functools.partial(jax.jit, static_argnames=("n_tasks", "n_way", "k_shot", "n_query"))
+def _sample(key, images, counts, allowed, n_tasks, n_way, k_shot, n_query):
+    per = k_shot + n_query
 
     def one(k):
         kc, ki = jax.random.split(k)
-        picked = chars[jax.random.permutation(kc, chars.shape[0])[:n_way]]  # [N], label = position
+        # n_way distinct allowed characters (top-k of Gumbel noise); label = position
+        g = jax.random.gumbel(kc, allowed.shape) + jnp.where(allowed, 0.0, -jnp.inf)
+        picked = jax.lax.top_k(g, n_way)[1]
 
-        def draws(c, kk):  # per distinct drawings of character c (top-k of Gumbel over real ones)
+        def draws(c, kk):  # `per` distinct drawings of character c (top-k of Gumbel over real ones)
             g = jax.random.gumbel(kk, (images.shape[1],))
             g = jnp.where(jnp.arange(images.shape[1]) < counts[c], g, -jnp.inf)
             return jax.lax.top_k(g, per)[1]
@@ -113,10 +123,9 @@ def sample_tasks(key, data: OmniglotData, n_tasks: int, n_way: int = 5, k_shot: 
         qry = x[:, k_shot:].reshape((-1,) + x.shape[2:])
         labels = jnp.arange(n_way, dtype=jnp.int32)
         y = jnp.concatenate([jnp.repeat(labels, k_shot), jnp.repeat(labels, n_query)])
-        return jnp.concatenate([sup, qry])[..., None], y, picked
+        return jnp.concatenate([sup, qry])[..., None], y
 
-    x, y, _ = jax.vmap(one)(jax.random.split(key, int(n_tasks)))
-    return TaskSet((x, y), jnp.ones(y.shape, jnp.float32))
+    return jax.vmap(one)(jax.random.split(key, n_tasks))
 
 
 def conv_classifier(key, n_way: int, image_size: int = 28, channels: int = 64):

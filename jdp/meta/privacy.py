@@ -17,6 +17,7 @@ from dp_accounting's RDP accountant built with the matching relation.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Callable
 
@@ -124,7 +125,7 @@ def calibrate_noise_multiplier(make_event: Callable[[float], dpe.DpEvent], epsil
     """
     epsilon, delta = acc.check_epsilon(epsilon), acc.check_delta(delta)
     if relation == ADD_REMOVE:
-        return acc.calibrate(make_event, epsilon, delta, bracket=bracket)
+        return acc.calibrate(make_event, epsilon, delta, bracket=bracket, tol=1e-4)
     lo, hi = bracket
     if epsilon_of(make_event(hi), delta, relation) > epsilon:
         raise ValueError(f"cannot reach epsilon={epsilon} at delta={delta} with noise multiplier <= {hi}")
@@ -133,6 +134,20 @@ def calibrate_noise_multiplier(make_event: Callable[[float], dpe.DpEvent], epsil
     return float(dp_accounting.calibrate_dp_mechanism(
         lambda: make_accountant(relation), make_event, epsilon, delta,
         dp_accounting.ExplicitBracketInterval(lo, hi), tol=1e-4))
+
+
+@functools.lru_cache(maxsize=256)
+def calibrate_meta_sgd(epsilon: float, delta: float, n_tasks: int, batch_size: int, steps: int,
+                       sampling: str) -> float:
+    """Noise multiplier of `meta_sgd_event` meeting (ε, δ) under the sampling's relation (cached)."""
+    return calibrate_noise_multiplier(lambda s: meta_sgd_event(s, n_tasks, batch_size, steps, sampling),
+                                      epsilon, delta, relation_for_sampling(sampling))
+
+
+@functools.lru_cache(maxsize=256)
+def calibrate_tree(epsilon: float, delta: float, n_steps: int) -> float:
+    """Noise multiplier of `tree_event` meeting (ε, δ) under REPLACE_SPECIAL (cached)."""
+    return calibrate_noise_multiplier(lambda s: tree_event(s, n_steps), epsilon, delta, REPLACE_SPECIAL)
 
 
 def theory_noise(epsilon: float, delta: float, n_tasks: int, steps: int, grad_bound: float) -> tuple[float, int]:

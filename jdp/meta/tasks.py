@@ -7,6 +7,7 @@ shapes let every algorithm vmap over tasks. For linear regression `data = (x [K,
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -82,12 +83,25 @@ def _features(key, n_tasks: int, n_points: int, dim: int, features: str) -> jax.
     raise ValueError(f"features must be 'ball' or 'authors', got {features!r}")
 
 
-def _regression_tasks(key, w: jax.Array, n_points: int, noise_std: float, features: str) -> TaskSet:
+@functools.partial(jax.jit, static_argnames=("n_points", "features"))
+def _regression_tasks(key, w: jax.Array, n_points: int, noise_std, features: str) -> TaskSet:
     kx, ke = jax.random.split(key)
     n_tasks, dim = w.shape
     x = _features(kx, n_tasks, n_points, dim, features)
     y = jnp.einsum("knd,kd->kn", x, w) + noise_std * jax.random.normal(ke, (n_tasks, n_points))
     return TaskSet((x.astype(jnp.float32), y.astype(jnp.float32)), jnp.ones((n_tasks, n_points), jnp.float32))
+
+
+@functools.partial(jax.jit, static_argnames=("n_tasks", "dim"))
+def _gaussian_weights(key, n_tasks: int, dim: int, mean, std) -> jax.Array:
+    return mean + std * jax.random.normal(key, (n_tasks, dim))
+
+
+@functools.partial(jax.jit, static_argnames=("n_tasks",))
+def _cluster_weights(key, n_tasks: int, centres, probs, std):
+    kc, kw = jax.random.split(key)
+    cid = jax.random.choice(kc, centres.shape[0], (n_tasks,), p=probs)
+    return centres[cid] + std * jax.random.normal(kw, (n_tasks, centres.shape[1])), cid
 
 
 def _check_gen(n_tasks: int, n_points: int, dim: int, noise_std: float) -> None:
@@ -103,9 +117,11 @@ def single_cluster_regression(key, n_tasks: int, n_points: int = 10, dim: int = 
                               features: str = "ball") -> tuple[TaskSet, jax.Array]:
     """Paper's single-cluster setting: w_k ~ N(mean·1, task_std² I). Returns (tasks, w [K, d])."""
     _check_gen(n_tasks, n_points, dim, noise_std)
+    if features not in ("ball", "authors"):
+        raise ValueError(f"features must be 'ball' or 'authors', got {features!r}")
     kw, kd = jax.random.split(key)
-    w = mean + task_std * jax.random.normal(kw, (n_tasks, dim))
-    return _regression_tasks(kd, w, n_points, noise_std, features), w
+    w = _gaussian_weights(kw, int(n_tasks), int(dim), jnp.float32(mean), jnp.float32(task_std))
+    return _regression_tasks(kd, w, int(n_points), jnp.float32(noise_std), features), w
 
 
 def cluster_centres(dim: int = 30) -> jax.Array:
@@ -126,12 +142,15 @@ def multi_cluster_regression(key, n_tasks: int, n_points: int = 10, dim: int = 3
     Returns (tasks, w [K, d], cluster id [K])."""
     _check_gen(n_tasks, n_points, dim, noise_std)
     centres = cluster_centres(dim) if centres is None else jnp.asarray(centres, jnp.float32)
-    kc, kw, kd = jax.random.split(key, 3)
+    if features not in ("ball", "authors"):
+        raise ValueError(f"features must be 'ball' or 'authors', got {features!r}")
+    if centres.ndim != 2 or centres.shape[1] != dim:
+        raise ValueError(f"centres must have shape [clusters, dim={dim}], got {centres.shape}")
+    kw, kd = jax.random.split(key)
     probs = (jnp.full((centres.shape[0],), 1.0 / centres.shape[0]) if cluster_probs is None
              else jnp.asarray(cluster_probs, jnp.float32))
-    cid = jax.random.choice(kc, centres.shape[0], (n_tasks,), p=probs)
-    w = centres[cid] + task_std * jax.random.normal(kw, (n_tasks, dim))
-    return _regression_tasks(kd, w, n_points, noise_std, features), w, cid
+    w, cid = _cluster_weights(kw, int(n_tasks), centres, probs, jnp.float32(task_std))
+    return _regression_tasks(kd, w, int(n_points), jnp.float32(noise_std), features), w, cid
 
 
 def authors_regression(key, n_tasks: int, n_points: int = 10, dim: int = 30) -> tuple[TaskSet, jax.Array, jax.Array]:
