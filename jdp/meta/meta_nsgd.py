@@ -1,0 +1,135 @@
+"""meta-NSGD (Zhou & Bassily 2022, Alg. 1): private meta-learning of a regularisation bias h.
+
+Privacy unit: one task's whole dataset (task-level DP). Neighbouring relation: add/remove one task
+for Poisson task sampling, replace one task for fixed-size sampling without replacement (the event each
+sampling needs in dp_accounting; see `jdp.meta.privacy`).
+
+Each of T steps samples tasks (expected batch m), each sampled task solves its base-learner problem
+from h and returns the meta-gradient λ(h − ŵ_h(Z)) clipped to C (the paper's 2L + b), and the server
+updates h ← Proj_W(h − η (Σ ĝ / m + N(0, σ²I))). Output: the average of the iterates (the paper) or
+the last iterate. Noise calibration: `"accountant"` (smallest noise multiplier meeting (ε, δ) under the
+dp_accounting event of the sampling actually used) or `"theory"` (the paper's closed form for σ and m;
+the report still states the accountant's ε for what was run).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jdp import accounting as acc
+from jdp.meta import engine, privacy
+from jdp.meta.tasks import TaskSet
+
+PyTree = Any
+OUTPUTS = ("average", "last")
+CALIBRATIONS = ("accountant", "theory")
+
+
+@dataclasses.dataclass(frozen=True)
+class MetaResult:
+    """Output of a meta-learning run. `flat` [q, D]: the chosen output (average or last iterate) of
+    the q meta-models as flat vectors; `spec` maps a row back to the learner's parameter pytree."""
+    flat: jax.Array
+    flat_last: jax.Array
+    flat_average: jax.Array
+    spec: engine.FlatSpec
+    report: privacy.MetaPrivacyReport
+    noise_multiplier: float | None  # noise std / sensitivity under the report's relation (None: non-private)
+    noise_std: float  # std of the noise added to each model's sum of clipped gradients
+    batch_size: int
+    steps: int
+
+    @property
+    def q(self) -> int:
+        return int(self.flat.shape[0])
+
+    def params(self, i: int = 0) -> PyTree:
+        """Meta-model i as the learner's parameter pytree."""
+        if not 0 <= i < self.q:
+            raise ValueError(f"i must be in [0, {self.q}), got {i}")
+        return self.spec.unravel(self.flat[i])
+
+
+def _validate(tasks: TaskSet, steps: int, batch_size: int, meta_lr: float, clip: float | None,
+              sampling: str, output: str, radius: float | None) -> None:
+    if not isinstance(tasks, TaskSet):
+        raise ValueError(f"tasks must be a TaskSet, got {type(tasks).__name__}")
+    if int(steps) < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    if not 1 <= int(batch_size) <= tasks.n_tasks:
+        raise ValueError(f"batch_size must be in [1, n_tasks={tasks.n_tasks}], got {batch_size}")
+    acc.check_positive(meta_lr, "meta_lr")
+    if clip is not None:
+        acc.check_positive(clip, "clip")
+    privacy.check_sampling(sampling)
+    if output not in OUTPUTS:
+        raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
+    if radius is not None:
+        acc.check_positive(radius, "radius")
+
+
+def stack_init(h0: PyTree, q: int | None = None) -> tuple[jax.Array, engine.FlatSpec]:
+    """h0: one parameter pytree (q = 1) or a list of q pytrees -> ([q, D] float32, spec)."""
+    models = list(h0) if isinstance(h0, (list, tuple)) and q is not None else [h0]
+    spec = engine.FlatSpec.of(models[0])
+    flat = jnp.stack([spec.ravel(m) for m in models])
+    if not bool(jnp.all(jnp.isfinite(flat))):
+        raise ValueError("h0 contains NaN or inf")
+    if q is not None and flat.shape[0] != q:
+        raise ValueError(f"h0 must hold q={q} models, got {flat.shape[0]}")
+    return flat, spec
+
+
+def run_private(key, tasks: TaskSet, learner, h0_flat: jax.Array, spec: engine.FlatSpec, *, name: str,
+                epsilon: float | None, delta: float, steps: int, batch_size: int, meta_lr: float, clip: float,
+                sampling: str, output: str, calibration: str, radius: float | None,
+                noise_multiplier: float | None) -> MetaResult:
+    """Calibrates, runs the engine and fills the report (shared by Alg. 1 and Alg. 2)."""
+    _validate(tasks, steps, batch_size, meta_lr, clip, sampling, output, radius)
+    clip = acc.check_positive(clip, "clip")
+    delta = acc.check_delta(delta)
+    if calibration not in CALIBRATIONS:
+        raise ValueError(f"calibration must be one of {CALIBRATIONS}, got {calibration!r}")
+    if (epsilon is None) == (noise_multiplier is None):
+        raise ValueError("give exactly one of epsilon (calibrated noise) or noise_multiplier")
+    relation = privacy.relation_for_sampling(sampling)
+    sens = privacy.sensitivity_factor(relation) * clip
+    k = tasks.n_tasks
+    if noise_multiplier is not None:
+        z = acc.check_positive(noise_multiplier, "noise_multiplier")
+    elif calibration == "theory":
+        sigma, batch_size = privacy.theory_noise(epsilon, delta, k, steps, clip)
+        z = sigma * batch_size / sens  # σ is on the mean gradient, the engine adds noise to the sum
+    else:
+        epsilon = acc.check_epsilon(epsilon)
+        z = privacy.calibrate_meta_sgd(epsilon, delta, k, int(batch_size), int(steps), sampling)
+    noise_std = z * sens
+    report = privacy.new_report(delta, relation)
+    report.add(f"{name}: {steps} noisy steps, {sampling} sampling of {batch_size}/{k} tasks",
+               privacy.meta_sgd_event(z, k, batch_size, steps, sampling), sens, noise_std)
+    last, avg = engine.train_jit(
+        key, tasks.data, tasks.mask, h0_flat, learner=learner, spec=spec, batch_size=int(batch_size),
+        sampling=sampling, steps=int(steps), n_active=k, meta_lr=float(meta_lr), clip=jnp.float32(clip),
+        noise_std=jnp.float32(noise_std), radius=jnp.float32(math.inf if radius is None else radius))
+    return MetaResult(avg if output == "average" else last, last, avg, spec, report, float(z), float(noise_std),
+                      int(batch_size), int(steps))
+
+
+def meta_nsgd(key, tasks: TaskSet, learner, h0: PyTree, *, epsilon: float | None, delta: float, steps: int,
+              batch_size: int, meta_lr: float, clip: float, sampling: str = "poisson", output: str = "average",
+              calibration: str = "accountant", radius: float | None = None,
+              noise_multiplier: float | None = None) -> MetaResult:
+    """(ε, δ) task-level DP meta-NSGD (Alg. 1) from initial bias h0 (parameter pytree).
+
+    Privacy unit: a task; relation: add/remove one task (sampling="poisson") or replace one task
+    (sampling="fixed"), recorded in `result.report`. clip = C bounds each task's meta-gradient (theory:
+    2L + b). calibration="theory" uses the paper's σ and m (batch_size is then ignored).
+    """
+    h0_flat, spec = stack_init(h0)
+    return run_private(key, tasks, learner, h0_flat, spec, name="meta-NSGD", epsilon=epsilon, delta=delta,
+                       steps=steps, batch_size=batch_size, meta_lr=meta_lr, clip=clip, sampling=sampling,
+                       output=output, calibration=calibration, radius=radius, noise_multiplier=noise_multiplier)

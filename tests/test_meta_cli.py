@@ -1,0 +1,28 @@
+"""`jdp meta` command: JSON output with privacy report and timings, clean errors."""
+import json
+
+import pytest
+
+from jdp.cli import main
+
+
+def test_meta_cli_runs_and_reports(tmp_path, capsys):
+    out = tmp_path / "meta.json"
+    # shapes and learner as in test_meta_core (200 tasks x 10 points, d = 6, ridge, q = 3): shared jit cache
+    rc = main(["meta", "--algorithm", "clustering", "--setting", "multi-cluster", "--q", "3", "--n-tasks", "200",
+               "--n-test-tasks", "200", "--n-test-points", "20", "--dim", "6", "--learner", "ridge", "--steps", "5",
+               "--epsilon", "5", "--out", str(out)])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert res == json.loads(capsys.readouterr().out)
+    assert res["privacy"]["unit"] == "task"
+    assert res["privacy"]["epsilon"] == pytest.approx(5.0, rel=1e-3)
+    assert "PoissonSampledDpEvent" in res["privacy"]["releases"][0]["event"]
+    assert res["transfer_risk"] > 0 and res["local_training_risk"] > 0
+    assert set(res["timings"]) == {"generate_s", "train_s", "evaluate_s"}
+
+
+def test_meta_cli_bad_input_is_clean_error(capsys):
+    assert main(["meta", "--epsilon", "-1"]) == 2
+    assert "epsilon" in capsys.readouterr().err
+    assert main(["meta", "--algorithm", "ftmrl", "--q", "2"]) == 2
