@@ -7,8 +7,8 @@ private mechanism exposes `dp_event(epsilon)`. RNMH is not DP and lives only und
 from jdp.selection.baselines import krr, rnmh_nonprivate, uniform
 from jdp.selection.correlation import (pearson, recommend_mechanism_nonprivate, spearman,
                                        weighted_correlation)
-from jdp.selection.gem import combined_gem, gem, gem_scores, mgem
-from jdp.selection.random_stopping import random_stopping
+from jdp.selection.generalized_em import combined_gem, gem, gem_scores, mgem
+from jdp.selection.random_stop import random_stopping
 from jdp.selection.registry import (NONPRIVATE_REFERENCES, PRIVATE_MECHANISMS, Mechanism, get_mechanism,
                                     privacy_report, probabilities, select)
 from jdp.selection.rnm import exponential_mechanism, permute_and_flip, rnm_exponential, rnm_gumbel, rnm_laplace

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 from typing import Callable
 
 import jax
@@ -27,9 +26,8 @@ from jdp.accounting import PrivacyReport, check_epsilon, pure_dp_event
 from jdp.selection import baselines, rnm
 from jdp.selection._checks import check_open_unit, check_scores
 
-# modules by import path: the package re-exports functions named like these modules
-gem_mod = importlib.import_module("jdp.selection.gem")
-rs_mod = importlib.import_module("jdp.selection.random_stopping")
+from jdp.selection import generalized_em as gem_mod
+from jdp.selection import random_stop as rs_mod
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,5 +216,9 @@ def privacy_report(name: str, epsilon: float, count: int = 1, delta: float = 1e-
     """PrivacyReport with `count` selections of mechanism `name` at ε each."""
     mech = get_mechanism(name)
     report = PrivacyReport(delta=delta, unit=unit, relation=relation)
-    return report.add(f"select:{name}", mech.dp_event(epsilon, **params), sensitivity=None,
-                      noise_scale=None, count=count)
+    event = mech.dp_event(epsilon, **params)
+    if isinstance(event, dpe.ComposedDpEvent):  # combined GEM: the RR bit and the GEM/mGEM run
+        for part, sub in zip(("correlation-sign-rr", "gem-or-mgem"), event.events):
+            report.add(f"select:{name}:{part}", sub, count=count)
+        return report
+    return report.add(f"select:{name}", event, count=count)
