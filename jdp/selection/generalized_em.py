@@ -15,9 +15,10 @@ as in private-pgm) or permute-and-flip/RNM-exp (base="pf").
 Combined GEM: ρ = Spearman(q, Δ); release b̃ = randomized response of 1[ρ > 0] with ε₁ = split·ε;
 run mGEM if b̃ = 1 else GEM with ε₂ = (1 − split)·ε; ε = ε₁ + ε₂ by basic composition.
 
-The min over b only needs b on the Pareto frontier of (q_b − tΔ_b high, Δ_b low) (valid for every t;
-the frontier on (q, −Δ) is wrong for t < 0); `frontier_size` uses it with a static cap that the caller
-must make large enough (`select` computes it exactly on the host).
+The min over b only needs b on the upper convex hull of the points (Δ_b, q_b − tΔ_b), a subset of the
+Pareto frontier of (q_b − tΔ_b high, Δ_b low) (valid for every t; a frontier on (q, −Δ) is wrong for
+t < 0). `frontier_size=m` walks at most m hull vertices in O(k·m) and falls back to the dense O(k²)
+formula when the chain is longer, so results are exact (up to float32 rounding).
 """
 from __future__ import annotations
 
@@ -46,23 +47,57 @@ def gem_scores(scores: jax.Array, sensitivities: jax.Array, shift) -> jax.Array:
     return jnp.min(pair, axis=-1)
 
 
-def frontier_mask(scores: jax.Array, sensitivities: jax.Array, shift) -> jax.Array:
-    """Boolean [k]: candidates on the Pareto frontier of (B = q − tΔ high, Δ low), in input order."""
-    b = scores - shift * sensitivities
-    order = jnp.lexsort((-b, sensitivities))  # Δ ascending, B descending within ties
-    bs = b[order]
-    prev_max = jnp.concatenate([jnp.full((1,), -jnp.inf, bs.dtype), jax.lax.cummax(bs)[:-1]])
-    return jnp.zeros(scores.shape, bool).at[order].set(bs > prev_max)
+def hull_chain(b: jax.Array, d: jax.Array, size: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Vertices of the upper convex hull of the points (d_j, b_j), walked leftwards from the largest b.
+
+    For λ ≤ 0, g(λ) = max_j (b_j + λ d_j) is attained on this chain, and s_a = min_j (b_a − b_j)/(d_a + d_j)
+    is the smallest λ with g(λ) ≥ b_a − λ d_a, so the minimum may be restricted to the chain (a subset
+    of the Pareto frontier of (b high, d low); valid for any shift t). Each step moves from the current
+    vertex v to the point with smaller d minimising the slope (b_v − b_j)/(d_v − d_j) (ties: smallest
+    d), and repeats v once no point is left of it. Only min/max reductions are used (argmin and
+    gathers are slow on CPU). [..., k] inputs; returns the vertices' b and d [..., size] and
+    `overflow` [...] (True when the chain has more than `size` vertices: use the dense formula).
+    """
+    bv = jnp.max(b, axis=-1, keepdims=True)
+    dv = jnp.min(jnp.where(b == bv, d, jnp.inf), axis=-1, keepdims=True)
+    bs, ds = [bv], [dv]
+    for _ in range(size - 1):
+        left = d < dv
+        slope = jnp.where(left, (bv - b) / jnp.where(left, dv - d, 1.0), jnp.inf)
+        best = jnp.min(slope, axis=-1, keepdims=True)
+        hit = left & (slope == best)
+        d_new = jnp.min(jnp.where(hit, d, jnp.inf), axis=-1, keepdims=True)
+        b_new = jnp.max(jnp.where(hit & (d == d_new), b, -jnp.inf), axis=-1, keepdims=True)
+        moved = jnp.isfinite(best)
+        bv, dv = jnp.where(moved, b_new, bv), jnp.where(moved, d_new, dv)
+        bs.append(bv)
+        ds.append(dv)
+    return jnp.concatenate(bs, -1), jnp.concatenate(ds, -1), jnp.any(d < dv, axis=-1)
 
 
-def gem_scores_frontier(scores: jax.Array, sensitivities: jax.Array, shift, frontier_size: int) -> jax.Array:
-    """Same as `gem_scores` for one problem [k], in O(k log k + k·frontier_size). Exact only when the
-    frontier has at most `frontier_size` points (see `frontier_mask`)."""
-    d = jnp.broadcast_to(sensitivities, scores.shape)
-    b = scores - shift * d
-    (idx,) = jnp.nonzero(frontier_mask(scores, d, shift), size=frontier_size, fill_value=jnp.argmax(b))
-    pair = (b[:, None] - b[idx][None, :]) / (d[:, None] + d[idx][None, :])
-    return jnp.minimum(jnp.min(pair, axis=-1), 0.0)  # the b = a term is 0
+def gem_scores_frontier(scores: jax.Array, sensitivities: jax.Array, shift,
+                        frontier_size: int) -> tuple[jax.Array, jax.Array]:
+    """`gem_scores` in O(k·frontier_size) via the hull chain (`hull_chain`), for [..., k] inputs.
+
+    Returns (s [..., k], overflow [...]); s is exact where overflow is False.
+    """
+    q = jnp.asarray(scores)
+    d = jnp.broadcast_to(jnp.asarray(sensitivities, q.dtype), q.shape)
+    shift = jnp.asarray(shift, q.dtype)[..., None] if jnp.ndim(shift) else shift
+    b = q - shift * d
+    bf, df, overflow = hull_chain(b, d, frontier_size)
+    pair = (b[..., :, None] - bf[..., None, :]) / (d[..., :, None] + df[..., None, :])
+    return jnp.minimum(jnp.min(pair, axis=-1), 0.0), overflow  # min(0, ·): the b = a term
+
+
+def _scores(q, d, t, frontier_size):
+    """Exact normalised scores: frontier path with a dense fallback (lax.cond when unbatched)."""
+    if frontier_size is None:
+        return gem_scores(q, d, t)
+    s, overflow = gem_scores_frontier(q, d, t, frontier_size)
+    if q.ndim == 1:
+        return jax.lax.cond(overflow, lambda: gem_scores(q, d, t), lambda: s)
+    return jnp.where(overflow[..., None], gem_scores(q, d, t), s)
 
 
 def _select_on(key, s, epsilon, base):
@@ -81,11 +116,7 @@ def gem(key: jax.Array, scores: jax.Array, sensitivities: jax.Array, epsilon, be
     k = scores.shape[-1]
     t = default_shift(k, epsilon, beta, negative) if shift is None else shift
     d = jnp.broadcast_to(sensitivities, scores.shape)
-    if frontier_size is None:
-        s = gem_scores(scores, d, t)
-    else:
-        s = gem_scores_frontier(scores, d, t, frontier_size)
-    return _select_on(key, s, epsilon, base)
+    return _select_on(key, _scores(scores, d, t, frontier_size), epsilon, base)
 
 
 def mgem(key: jax.Array, scores: jax.Array, sensitivities: jax.Array, epsilon, beta: float = 0.5,
@@ -106,11 +137,33 @@ def combined_gem(key: jax.Array, scores: jax.Array, sensitivities: jax.Array, ep
     use_mgem = jnp.where(keep, positive, ~positive)
     t = default_shift(scores.shape[-1], eps2, beta)
     shift = jnp.where(use_mgem, -t, t)
-    if frontier_size is None:
-        s = gem_scores(scores, d, shift)
-    else:
-        s = gem_scores_frontier(scores, d, shift, frontier_size)
-    return _select_on(k_sel, s, eps2, base)
+    return _select_on(k_sel, _scores(scores, d, shift, frontier_size), eps2, base)
+
+
+# --------------------------------------------------------------------------------------------------
+# Batch fast paths for `select`: frontier scores without the dense fallback, plus the overflow flag
+# (rows that overflow are recomputed densely with fresh randomness by the caller, so every row's
+# output has exactly the mechanism's distribution).
+def gem_fast(key, scores, sensitivities, epsilon, beta: float = 0.5, shift=None, base: str = "em",
+             frontier_size: int = 16, negative: bool = False):
+    """GEM/mGEM on [B, k] -> (int32 [B], overflow [B])."""
+    t = default_shift(scores.shape[-1], epsilon, beta, negative) if shift is None else shift
+    s, overflow = gem_scores_frontier(scores, sensitivities, t, frontier_size)
+    return _select_on(key, s, epsilon, base), overflow
+
+
+def combined_gem_fast(key, scores, sensitivities, epsilon, split: float = 0.25, beta: float = 0.5,
+                      base: str = "em", frontier_size: int = 16):
+    """Combined GEM on [B, k] -> (int32 [B], overflow [B])."""
+    k_rr, k_sel = jax.random.split(key)
+    eps1, eps2 = split * epsilon, (1.0 - split) * epsilon
+    d = jnp.broadcast_to(sensitivities, scores.shape)
+    positive = correlation.spearman(scores, d) > 0
+    keep = jax.random.uniform(k_rr, scores.shape[:-1]) < jax.nn.sigmoid(eps1)
+    t = default_shift(scores.shape[-1], eps2, beta)
+    shift = jnp.where(jnp.where(keep, positive, ~positive), -t, t)
+    s, overflow = gem_scores_frontier(scores, d, shift, frontier_size)
+    return _select_on(k_sel, s, eps2, base), overflow
 
 
 # --------------------------------------------------------------------------------------------------

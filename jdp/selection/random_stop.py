@@ -89,6 +89,45 @@ def random_stopping(key: jax.Array, scores: jax.Array, sensitivities: jax.Array,
     return best.astype(jnp.int32)
 
 
+def random_stopping_batch(key: jax.Array, scores: jax.Array, sensitivities: jax.Array, epsilon, gamma=None,
+                          stopping: str = "geometric", eta: float = 1.0, chunk: int = 1 << 17) -> jax.Array:
+    """RS_γ on every row of scores [B, k] -> int32 [B], with exactly the per-row distribution.
+
+    All rows' draws form one stream: row i owns positions [start_i, start_i + K_i). The stream is
+    processed `chunk` positions at a time (row = searchsorted of the position), each row keeping its best
+    noisy value with segment maxima; the loop runs until every K_i draws were made (unbounded K).
+    Total work is Σ K_i draws instead of B · max K_i for a vmapped loop.
+    """
+    n_rows, k = scores.shape
+    gamma = 1.0 / k if gamma is None else gamma
+    d = jnp.broadcast_to(sensitivities, scores.shape)
+    scale = d / epsilon_per_run(epsilon, stopping, eta)
+    k_stop, k_loop = jax.random.split(key)
+    n_draws = jax.vmap(lambda kk: sample_stopping_time(kk, gamma, stopping, eta))(jax.random.split(k_stop, n_rows))
+    ends = jnp.cumsum(n_draws)  # int32: callers keep Σ K < 2^31 (checked in `select`)
+    total = ends[-1]
+    flat_q, flat_s = scores.reshape(-1), scale.reshape(-1)
+
+    def body(state):
+        off, key, best_v, best_i = state
+        key, kc, kn = jax.random.split(key, 3)
+        pos = off + jnp.arange(chunk, dtype=jnp.int32)
+        row = jnp.minimum(jnp.searchsorted(ends, pos, side="right"), n_rows - 1).astype(jnp.int32)
+        cand = jax.random.randint(kc, (chunk,), 0, k)
+        flat = row * k + cand
+        vals = flat_q[flat] + flat_s[flat] * jax.random.laplace(kn, (chunk,), scores.dtype)
+        vals = jnp.where(pos < total, vals, -jnp.inf)
+        seg_v = jax.ops.segment_max(vals, row, num_segments=n_rows, indices_are_sorted=True)
+        hit = (vals == seg_v[row]) & (pos < total)
+        seg_i = jax.ops.segment_max(jnp.where(hit, cand, -1), row, num_segments=n_rows, indices_are_sorted=True)
+        better = seg_v > best_v
+        return off + chunk, key, jnp.where(better, seg_v, best_v), jnp.where(better, seg_i, best_i)
+
+    init = (jnp.int32(0), k_loop, jnp.full((n_rows,), -jnp.inf, scores.dtype), jnp.zeros((n_rows,), jnp.int32))
+    _, _, _, best = jax.lax.while_loop(lambda st: st[0] < total, body, init)
+    return best.astype(jnp.int32)
+
+
 def stopping_pgf_derivative(gamma: float, stopping: str = "geometric", eta: float = 1.0):
     """Φ'(s) of the stopping-time distribution (NumPy)."""
     if stopping == "geometric" or (stopping == "tnb" and eta == 1.0):

@@ -119,12 +119,12 @@ PRIVATE_MECHANISMS: dict[str, Mechanism] = {
                  functools.partial(rs_mod.random_stopping_probabilities, stopping="tnb"),
                  ("gamma", "eta", "block"), batch_native=False,
                  description="random stopping, K ~ TNB(η, γ), heterogeneous Laplace, ε' = ε/(2+η)"),
-    "gem": _m("gem", gem_mod.gem, gem_mod.gem_probabilities, _GEM + ("frontier_size",),
+    "gem": _m("gem", gem_mod.gem, gem_mod.gem_probabilities, _GEM + ("frontier_size",), batch_native=False,
               description="generalised exponential mechanism, t = 2 ln(k/β)/ε"),
-    "mgem": _m("mgem", gem_mod.mgem, gem_mod.mgem_probabilities, _GEM + ("frontier_size",),
+    "mgem": _m("mgem", gem_mod.mgem, gem_mod.mgem_probabilities, _GEM + ("frontier_size",), batch_native=False,
                description="modified GEM, t = −2 ln(k/β)/ε"),
     "combined-gem": _m("combined-gem", gem_mod.combined_gem, gem_mod.combined_gem_probabilities,
-                       ("split", "beta", "base", "frontier_size"),
+                       ("split", "beta", "base", "frontier_size"), batch_native=False,
                        description="RR(ε₁) on sign of Spearman(q, Δ) picks mGEM or GEM at ε₂"),
 }
 
@@ -160,23 +160,40 @@ def _batched(name: str, allow_nonprivate: bool, sens_batched: bool, frozen: tupl
     return jax.jit(run)
 
 
+_GEM_FAST = {
+    "gem": functools.partial(gem_mod.gem_fast, negative=False),
+    "mgem": functools.partial(gem_mod.gem_fast, negative=True),
+    "combined-gem": gem_mod.combined_gem_fast,
+}
+_FRONTIER_DEFAULT = 8  # random instances have ~ln k hull vertices; longer chains fall back to dense
+
+
 @functools.lru_cache(maxsize=64)
-def _frontier_counter(sens_batched: bool):
-    def count(scores, sens, t):
-        f = lambda q, d: jnp.maximum(jnp.sum(gem_mod.frontier_mask(q, d, t)), jnp.sum(gem_mod.frontier_mask(q, d, -t)))
-        return jnp.max(jax.vmap(f, in_axes=(0, 0 if sens_batched else None))(scores, sens))
-    return jax.jit(count)
+def _gem_fast(name: str, frozen: tuple) -> Callable:
+    return jax.jit(functools.partial(_GEM_FAST[name], **dict(frozen)))
 
 
-def _frontier_size(name, scores, sens, epsilon, params) -> int | None:
-    """Exact static frontier cap for the batch (host round trip), or None for the dense O(k²) path."""
-    k = scores.shape[-1]
-    if k < 64 or params.get("frontier_size") is not None:
-        return params.get("frontier_size")
-    eps = epsilon * (1 - params.get("split", 0.25)) if name == "combined-gem" else epsilon
-    t = gem_mod.default_shift(k, eps, params.get("beta", 0.5)) if params.get("shift") is None else params["shift"]
-    count = int(_frontier_counter(sens.ndim == 2)(scores, sens, jnp.float32(t)))
-    return min(k, 1 << max(count - 1, 0).bit_length())
+def _select_gem(name, key, scores, sens, epsilon, params):
+    """GEM family on a batch: O(k·m) frontier path, rows whose frontier exceeds m recomputed densely
+    with fresh randomness (so every row has exactly the mechanism's output distribution)."""
+    params = dict(params)
+    m = params.pop("frontier_size", None) or _FRONTIER_DEFAULT
+    out, overflow = _gem_fast(name, tuple(sorted(params.items())) + (("frontier_size", m),))(
+        key, scores, sens, jnp.float32(epsilon))
+    rows = np.nonzero(np.asarray(overflow))[0]
+    if rows.size:
+        padded = 1 << int(rows.size - 1).bit_length()  # bucket sizes to bound recompilation
+        take = np.concatenate([rows, np.full(padded - rows.size, rows[0])])
+        dense = _batched(name, False, sens.ndim == 2, tuple(sorted(params.items())))
+        sub = dense(jax.random.fold_in(key, 1), scores[take], sens[take] if sens.ndim == 2 else sens,
+                    jnp.float32(epsilon))
+        out = out.at[rows].set(sub[: rows.size])
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _rs_batch(frozen: tuple) -> Callable:
+    return jax.jit(functools.partial(rs_mod.random_stopping_batch, **dict(frozen)))
 
 
 def select(name: str, key: jax.Array, scores, sensitivities, epsilon: float, allow_nonprivate: bool = False,
@@ -197,8 +214,19 @@ def select(name: str, key: jax.Array, scores, sensitivities, epsilon: float, all
         scores, sens = scores[None], sens
     elif scores.ndim != 2:
         raise ValueError(f"scores must have shape [k] or [B, k], got {scores.shape}")
-    if name in ("gem", "mgem", "combined-gem"):
-        params["frontier_size"] = _frontier_size(name, scores, sens, epsilon, params)
+    k = scores.shape[-1]
+    if name in _GEM_FAST and k >= 32 and params.get("frontier_size", 0) is not None:
+        out = _select_gem(name, key, scores, sens, epsilon, params)
+        return out[0] if single else out
+    if name.startswith("rs-") and "block" not in params:
+        gamma = params.get("gamma") or 1.0 / k
+        mean_k = rs_mod.expected_stopping_time(gamma, "tnb" if name == "rs-tnb" else "geometric",
+                                               params.get("eta", 1.0))
+        if scores.shape[0] * mean_k < 2**26:  # int32 stream positions with a wide margin
+            stopping = "tnb" if name == "rs-tnb" else "geometric"
+            fn = _rs_batch(tuple(sorted({**params, "stopping": stopping}.items())))
+            out = fn(key, scores, jnp.broadcast_to(sens, scores.shape), jnp.float32(epsilon))
+            return out[0] if single else out
     fn = _batched(name, allow_nonprivate, sens.ndim == 2, tuple(sorted(params.items())))
     out = fn(key, scores, sens, jnp.float32(epsilon))
     return out[0] if single else out
