@@ -24,9 +24,15 @@ def _nodes(q: np.ndarray, b: np.ndarray, two_sided: bool) -> tuple[np.ndarray, n
     """Quadrature nodes/weights [..., N] covering the support of max_j (q_j + Z_j)."""
     lo = q.min(-1, keepdims=True) - (_TAIL * b.max(-1, keepdims=True) if two_sided else 0.0)
     hi = (q + _TAIL * b).max(-1, keepdims=True)
-    pts = [q[..., None] + b[..., None] * _LADDER]
-    if two_sided:
-        pts.append(q[..., None] - b[..., None] * _LADDER)
+    if np.all(b == b[..., :1]):  # common scale: integrands are smooth between the q_j, refine the top only
+        top = q.max(-1, keepdims=True)
+        pts = [top[..., None] + b[..., :1, None] * _LADDER]
+        if two_sided:
+            pts.append(q.min(-1, keepdims=True)[..., None] - b[..., :1, None] * _LADDER)
+    else:
+        pts = [q[..., None] + b[..., None] * _LADDER]
+        if two_sided:
+            pts.append(q[..., None] - b[..., None] * _LADDER)
     br = np.concatenate([q, lo, hi] + [p.reshape(*q.shape[:-1], -1) for p in pts], axis=-1)
     br = np.sort(np.clip(br, lo, hi), axis=-1)
     x, w = _GAUSS

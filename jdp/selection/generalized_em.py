@@ -125,10 +125,10 @@ def mgem(key: jax.Array, scores: jax.Array, sensitivities: jax.Array, epsilon, b
     return gem(key, scores, sensitivities, epsilon, beta, shift, base, frontier_size, negative=True)
 
 
-def combined_gem(key: jax.Array, scores: jax.Array, sensitivities: jax.Array, epsilon, split: float = 0.25,
+def combined_gem(key: jax.Array, scores: jax.Array, sensitivities: jax.Array, epsilon, split: float = 0.5,
                  beta: float = 0.5, base: str = "em", frontier_size: int | None = None) -> jax.Array:
     """ε-DP combined GEM: ε₁ = split·ε buys a randomized-response bit "Spearman(q, Δ) > 0"; the rest
-    ε₂ runs mGEM (bit 1) or GEM (bit 0). The split is not recoverable from the paper; default 0.25."""
+    ε₂ runs mGEM (bit 1) or GEM (bit 0). The split is not recoverable from the paper; default 0.5 (even split)."""
     k_rr, k_sel = jax.random.split(key)
     eps1, eps2 = split * epsilon, (1.0 - split) * epsilon
     d = jnp.broadcast_to(sensitivities, scores.shape)
@@ -152,7 +152,7 @@ def gem_fast(key, scores, sensitivities, epsilon, beta: float = 0.5, shift=None,
     return _select_on(key, s, epsilon, base), overflow
 
 
-def combined_gem_fast(key, scores, sensitivities, epsilon, split: float = 0.25, beta: float = 0.5,
+def combined_gem_fast(key, scores, sensitivities, epsilon, split: float = 0.5, beta: float = 0.5,
                       base: str = "em", frontier_size: int = 16):
     """Combined GEM on [B, k] -> (int32 [B], overflow [B])."""
     k_rr, k_sel = jax.random.split(key)
@@ -206,7 +206,7 @@ def mgem_probabilities(scores, sensitivities, epsilon, beta: float = 0.5, shift=
     return gem_probabilities(scores, sensitivities, epsilon, beta, shift, base, negative=True)
 
 
-def combined_gem_probabilities(scores, sensitivities, epsilon, split: float = 0.25, beta: float = 0.5,
+def combined_gem_probabilities(scores, sensitivities, epsilon, split: float = 0.5, beta: float = 0.5,
                                base: str = "em", **_) -> np.ndarray:
     """Exact P[a] of combined GEM: mixture of mGEM and GEM at ε₂ weighted by the RR bit, [..., k]."""
     q = np.asarray(scores, np.float64)

@@ -79,7 +79,7 @@ class Mechanism:
         if self.name == "uniform":
             return dpe.NoOpDpEvent()
         if self.name == "combined-gem":
-            split = params.get("split", 0.25)
+            split = params.get("split", 0.5)
             return dpe.ComposedDpEvent([pure_dp_event(split * epsilon), pure_dp_event((1 - split) * epsilon)])
         return pure_dp_event(epsilon)
 
