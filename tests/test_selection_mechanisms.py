@@ -121,3 +121,34 @@ def test_correlations_and_recommender():
     assert S.recommend_mechanism_nonprivate(q_pos, d)["mechanism"] == "mgem"
     assert S.recommend_mechanism_nonprivate(-q_pos, d)["mechanism"] == "gem"
     assert S.recommend_mechanism_nonprivate(rng.normal(size=200), d)["mechanism"] == "rnm-exp"
+
+
+def test_hybrid_counter_noise_and_dp_quantile():
+    from jdp.selection import bandit as BD
+    T, eps = 1024, 1.0
+    draws = np.stack([BD.hybrid_counter_noise(jax.random.key(s), T, eps) for s in range(200)])
+    assert draws.shape == (200, T + 1) and np.all(draws[:, 0] == 0)
+    # at n = 2^j only the logarithmic part: j + 1 Laplace(2/ε) terms, variance 8(j + 1)/ε²
+    for j in (3, 8):
+        emp = draws[:, 1 << j].var()
+        assert 0.6 < emp / (8 * (j + 1) / eps**2) < 1.5
+    # between powers of two the tree adds noise; the error stays polylogarithmic
+    assert draws[:, 1000].std() < 3 * np.sqrt(8 * 10 + 9 * 2 * (9 * 2 / eps) ** 2)
+    x = jnp.asarray(np.random.default_rng(0).uniform(0.2, 0.4, size=64).astype(np.float32))
+    mask = jnp.arange(64) < 50
+    qs = np.array([float(BD.dp_quantile(jax.random.key(s), x, mask, 0.5, 5.0, 0.0, 1.0)) for s in range(30)])
+    assert np.all((qs >= 0) & (qs <= 1)) and abs(np.median(qs) - float(np.median(np.asarray(x)[:50]))) < 0.05
+
+
+def test_bandit_learners_run_and_account():
+    from jdp.selection import bandit as BD
+    b = BD.ShiftBandit(horizon=300, shift_at=150)
+    r = b.rewards(0)
+    ucb = BD.run_learner("ucb", b, r, jax.random.key(0))
+    assert ucb["privacy"] is None and 0 < ucb["cumulative_reward"] <= 300
+    for learner in ("dp-ucb", "window-gem"):
+        out = BD.run_learner(learner, b, r, jax.random.key(1), epsilon=4.0, window=50, period=25)
+        assert abs(out["privacy"]["pure_epsilon"] - 4.0) < 1e-9
+        assert out["cumulative_reward"] > 0.3 * out["oracle_reward"]
+    with pytest.raises(ValueError, match="not differentially private"):
+        BD.run_learner("window-rnmh-nonprivate", b, r, jax.random.key(0))
