@@ -8,6 +8,7 @@ event-level DP (one reward), ε per reward as recorded in each learner's Privacy
 from __future__ import annotations
 
 import argparse
+import sys
 
 import jax
 import numpy as np
@@ -54,7 +55,7 @@ def main(argv=None):
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
-    path = write_results("selection_bandit", rows, summary=summary, privacy=privacy, horizon=args.horizon,
+    path = write_results("selection_bandit", rows, command=" ".join(["PYTHONPATH=. python -m benchmarks.selection_bandit"] + sys.argv[1:]), summary=summary, privacy=privacy, horizon=args.horizon,
                          epsilon=args.epsilon, window=args.window, period=args.period, curves=curves, plot=png.name,
                          bandit=dict(means=bandit.means, stds=bandit.stds, shift_at=bandit.shift_at))
     for l, s in summary.items():

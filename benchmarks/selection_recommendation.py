@@ -13,6 +13,7 @@ writes benchmarks/results/selection_recommendation.json and .png (MSE vs ε, per
 from __future__ import annotations
 
 import argparse
+import sys
 import pathlib
 
 import jax
@@ -94,7 +95,7 @@ def main(argv=None):
     fig.savefig(png, dpi=110)
     best = {n: {f"eps={e}": min((c[i], m) for m, c in curves[n].items() if "nonprivate" not in m)[1]
                 for i, e in enumerate(args.epsilons)} for n in curves}
-    path = write_results("selection_recommendation", rows, datasets=info, curves=curves, epsilons=args.epsilons,
+    path = write_results("selection_recommendation", rows, command=" ".join(["PYTHONPATH=. python -m benchmarks.selection_recommendation"] + sys.argv[1:]), datasets=info, curves=curves, epsilons=args.epsilons,
                          best_private_mechanism=best, lam=args.lam, top=args.top,
                          sensitivities="5%-95% spread of predicted scores across users, declared public",
                          plot=png.name)

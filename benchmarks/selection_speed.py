@@ -13,6 +13,7 @@ writes benchmarks/results/selection_speed.json (rows: mechanism, k, batch, selec
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import jax
@@ -135,7 +136,7 @@ def main(argv=None):
         ratios["vs_diffprivlib_exponential_reused_k100"] = {
             m: v / ref["diffprivlib-exponential"] for m, v in best.items()}
     ratios["vs_plain_jax_argmax_k100"] = {m: v / best["jax-plain-argmax-exp-noise"] for m, v in best.items()}
-    path = write_results("selection_speed", rows, epsilon=eps, ratios=ratios,
+    path = write_results("selection_speed", rows, command=" ".join(["PYTHONPATH=. python -m benchmarks.selection_speed"] + sys.argv[1:]), epsilon=eps, ratios=ratios,
                          note="best over batch sizes per mechanism for the ratios; timings exclude compilation "
                               "and include input validation and (GEM family) the exact Pareto-frontier size pass")
     for r in rows:

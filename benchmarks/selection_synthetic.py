@@ -7,6 +7,7 @@ qualitative orderings at ε ∈ {0.1, 1} (recorded under "orderings").
 from __future__ import annotations
 
 import argparse
+import sys
 import pathlib
 
 import numpy as np
@@ -81,7 +82,7 @@ def main(argv=None):
     checks = orderings(curves, eps)
     png = RESULTS_DIR / "selection_synthetic.png"
     plot(curves, eps, png)
-    path = write_results("selection_synthetic", rows, k=args.k, trials=args.trials, seed=args.seed,
+    path = write_results("selection_synthetic", rows, command=" ".join(["PYTHONPATH=. python -m benchmarks.selection_synthetic"] + sys.argv[1:]), k=args.k, trials=args.trials, seed=args.seed,
                          epsilons=eps, scenarios=info, orderings=checks, curves=curves, plot=png.name)
     for e, table in checks.items():
         for name, ok in table.items():

@@ -21,7 +21,7 @@ def krr(key: jax.Array, scores: jax.Array, sensitivities: jax.Array, epsilon) ->
     batch = scores.shape[:-1]
     best = jnp.argmax(scores, axis=-1)
     k_keep, k_other = jax.random.split(key)
-    p_keep = jnp.exp(epsilon) / (jnp.exp(epsilon) + k - 1)
+    p_keep = 1.0 / (1.0 + (k - 1) * jnp.exp(-epsilon))  # = e^ε/(e^ε + k − 1), overflow-free
     other = (best + 1 + jax.random.randint(k_other, batch, 0, max(k - 1, 1))) % k
     return jnp.where(jax.random.uniform(k_keep, batch) < p_keep, best, other).astype(jnp.int32)
 
@@ -44,9 +44,9 @@ def rnmh_nonprivate(key: jax.Array, scores: jax.Array, sensitivities: jax.Array,
 def krr_probabilities(scores, sensitivities, epsilon, **_) -> np.ndarray:
     q = np.asarray(scores, np.float64)
     k = q.shape[-1]
-    e = math.exp(float(epsilon))
+    other = 1.0 / (math.exp(min(float(epsilon), 700.0)) + k - 1)
     onehot = np.arange(k) == q.argmax(-1)[..., None]
-    return np.where(onehot, e, 1.0) / (e + k - 1)
+    return np.where(onehot, 1.0 - (k - 1) * other, other)
 
 
 def uniform_probabilities(scores, sensitivities=None, epsilon=None, **_) -> np.ndarray:
