@@ -30,9 +30,9 @@ def pearson(x: jax.Array, y: jax.Array) -> jax.Array:
 
 
 def _ranks(x: jax.Array) -> jax.Array:
-    """Average ranks (1-based) along the last axis; pairwise counts for k ≤ 256 (fast, batch friendly)."""
+    """Average ranks (1-based) along the last axis; pairwise counts for k ≤ 16 (O(k²) memory), else sorting."""
     x = jnp.asarray(x, jnp.float32)
-    if x.shape[-1] <= 256:
+    if x.shape[-1] <= 16:
         less = jnp.sum(x[..., None, :] < x[..., :, None], axis=-1, dtype=jnp.float32)
         equal = jnp.sum(x[..., None, :] == x[..., :, None], axis=-1, dtype=jnp.float32)
         return less + (equal + 1.0) / 2.0
