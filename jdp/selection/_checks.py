@@ -14,6 +14,15 @@ def is_concrete(*xs) -> bool:
     return not any(isinstance(x, jax.core.Tracer) for x in xs)
 
 
+def check_shapes(scores, sensitivities, name_scores: str = "scores", name_sens: str = "sensitivities") -> None:
+    """Shape-only part of `check_scores` (no pass over the values)."""
+    q_shape, d_shape = np.shape(scores), np.shape(sensitivities)
+    if len(q_shape) == 0 or q_shape[-1] == 0 or 0 in q_shape:
+        raise ValueError(f"{name_scores} must have at least one candidate on its last axis, got shape {q_shape}")
+    if d_shape != q_shape and d_shape != q_shape[-1:]:
+        raise ValueError(f"{name_sens} must have shape {q_shape[-1:]} or {q_shape}, got {d_shape}")
+
+
 def check_scores(scores, sensitivities, name_scores: str = "scores",
                  name_sens: str = "sensitivities") -> None:
     """Raises ValueError unless scores [..., k] (k >= 1) and sensitivities ([k] or scores' shape) are

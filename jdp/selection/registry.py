@@ -24,7 +24,7 @@ from dp_accounting import dp_event as dpe
 
 from jdp.accounting import PrivacyReport, check_epsilon, pure_dp_event
 from jdp.selection import baselines, rnm
-from jdp.selection._checks import check_open_unit, check_scores
+from jdp.selection._checks import check_open_unit, check_scores, check_shapes
 
 from jdp.selection import generalized_em as gem_mod
 from jdp.selection import random_stop as rs_mod
@@ -146,18 +146,37 @@ def get_mechanism(name: str, allow_nonprivate: bool = False) -> Mechanism:
     raise ValueError(f"unknown mechanism {name!r}; private mechanisms: {sorted(PRIVATE_MECHANISMS)}")
 
 
+def _checked(fn: Callable) -> Callable:
+    """jit(fn) that also returns input-validity flags, computed in the same compiled pass (cheaper than
+    a separate host scan); `select` raises on them before anything is returned."""
+    def run(key, scores, sens, epsilon):
+        flags = jnp.stack([jnp.all(jnp.isfinite(scores)), jnp.all(jnp.isfinite(sens)), jnp.all(sens > 0)])
+        return fn(key, scores, sens, epsilon), flags
+    return jax.jit(run)
+
+
+def _raise_on(flags) -> None:
+    finite_q, finite_d, positive_d = (bool(f) for f in np.asarray(flags))
+    if not finite_q:
+        raise ValueError("scores must be finite (no NaN/inf)")
+    if not finite_d:
+        raise ValueError("sensitivities must be finite (no NaN/inf)")
+    if not positive_d:
+        raise ValueError("sensitivities must be > 0 (use a small public floor for constant scores)")
+
+
 @functools.lru_cache(maxsize=256)
 def _batched(name: str, allow_nonprivate: bool, sens_batched: bool, frozen: tuple) -> Callable:
     mech = get_mechanism(name, allow_nonprivate)
     fn = functools.partial(mech.sample, **dict(frozen))
     if mech.batch_native:
-        return jax.jit(fn)
+        return _checked(fn)
 
     def run(key, scores, sens, epsilon):
         keys = jax.random.split(key, scores.shape[0])
         return jax.vmap(fn, in_axes=(0, 0, 0 if sens_batched else None, None))(keys, scores, sens, epsilon)
 
-    return jax.jit(run)
+    return _checked(run)
 
 
 _GEM_FAST = {
@@ -170,7 +189,7 @@ _FRONTIER_DEFAULT = 8  # random instances have ~ln k hull vertices; longer chain
 
 @functools.lru_cache(maxsize=64)
 def _gem_fast(name: str, frozen: tuple) -> Callable:
-    return jax.jit(functools.partial(_GEM_FAST[name], **dict(frozen)))
+    return _checked(functools.partial(_GEM_FAST[name], **dict(frozen)))
 
 
 def _select_gem(name, key, scores, sens, epsilon, params):
@@ -178,22 +197,23 @@ def _select_gem(name, key, scores, sens, epsilon, params):
     with fresh randomness (so every row has exactly the mechanism's output distribution)."""
     params = dict(params)
     m = params.pop("frontier_size", None) or _FRONTIER_DEFAULT
-    out, overflow = _gem_fast(name, tuple(sorted(params.items())) + (("frontier_size", m),))(
+    (out, overflow), flags = _gem_fast(name, tuple(sorted(params.items())) + (("frontier_size", m),))(
         key, scores, sens, jnp.float32(epsilon))
+    _raise_on(flags)
     rows = np.nonzero(np.asarray(overflow))[0]
     if rows.size:
         padded = 1 << int(rows.size - 1).bit_length()  # bucket sizes to bound recompilation
         take = np.concatenate([rows, np.full(padded - rows.size, rows[0])])
         dense = _batched(name, False, sens.ndim == 2, tuple(sorted(params.items())))
-        sub = dense(jax.random.fold_in(key, 1), scores[take], sens[take] if sens.ndim == 2 else sens,
-                    jnp.float32(epsilon))
+        sub, _ = dense(jax.random.fold_in(key, 1), scores[take], sens[take] if sens.ndim == 2 else sens,
+                       jnp.float32(epsilon))
         out = out.at[rows].set(sub[: rows.size])
     return out
 
 
 @functools.lru_cache(maxsize=64)
 def _rs_batch(frozen: tuple) -> Callable:
-    return jax.jit(functools.partial(rs_mod.random_stopping_batch, **dict(frozen)))
+    return _checked(functools.partial(rs_mod.random_stopping_batch, **dict(frozen)))
 
 
 def select(name: str, key: jax.Array, scores, sensitivities, epsilon: float, allow_nonprivate: bool = False,
@@ -206,7 +226,7 @@ def select(name: str, key: jax.Array, scores, sensitivities, epsilon: float, all
     mech = get_mechanism(name, allow_nonprivate)
     params = mech.check_params(params)
     epsilon = check_epsilon(epsilon)
-    check_scores(scores, sensitivities)
+    check_shapes(scores, sensitivities)  # values are checked inside the compiled call (`_checked`)
     scores = jnp.asarray(scores, jnp.float32)
     sens = jnp.asarray(sensitivities, jnp.float32)
     single = scores.ndim == 1
@@ -225,10 +245,12 @@ def select(name: str, key: jax.Array, scores, sensitivities, epsilon: float, all
         if scores.shape[0] * mean_k < 2**26:  # int32 stream positions with a wide margin
             stopping = "tnb" if name == "rs-tnb" else "geometric"
             fn = _rs_batch(tuple(sorted({**params, "stopping": stopping}.items())))
-            out = fn(key, scores, jnp.broadcast_to(sens, scores.shape), jnp.float32(epsilon))
+            out, flags = fn(key, scores, jnp.broadcast_to(sens, scores.shape), jnp.float32(epsilon))
+            _raise_on(flags)
             return out[0] if single else out
     fn = _batched(name, allow_nonprivate, sens.ndim == 2, tuple(sorted(params.items())))
-    out = fn(key, scores, sens, jnp.float32(epsilon))
+    out, flags = fn(key, scores, sens, jnp.float32(epsilon))
+    _raise_on(flags)  # invalid input: nothing is returned
     return out[0] if single else out
 
 
