@@ -1,0 +1,66 @@
+"""Input validation for the selection mechanisms (host side; skipped for traced values under jit)."""
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+
+from jdp.accounting import check_epsilon
+
+
+def is_concrete(*xs) -> bool:
+    """True when no argument is a jax Tracer (i.e. values can be inspected on the host)."""
+    return not any(isinstance(x, jax.core.Tracer) for x in xs)
+
+
+def check_shapes(scores, sensitivities, name_scores: str = "scores", name_sens: str = "sensitivities") -> None:
+    """Shape-only part of `check_scores` (no pass over the values)."""
+    q_shape, d_shape = np.shape(scores), np.shape(sensitivities)
+    if len(q_shape) == 0 or q_shape[-1] == 0 or 0 in q_shape:
+        raise ValueError(f"{name_scores} must have at least one candidate on its last axis, got shape {q_shape}")
+    if d_shape != q_shape and d_shape != q_shape[-1:]:
+        raise ValueError(f"{name_sens} must have shape {q_shape[-1:]} or {q_shape}, got {d_shape}")
+
+
+def check_scores(scores, sensitivities, name_scores: str = "scores",
+                 name_sens: str = "sensitivities") -> None:
+    """Raises ValueError unless scores [..., k] (k >= 1) and sensitivities ([k] or scores' shape) are
+    finite, sensitivities > 0 and the shapes agree. No-op for traced arrays."""
+    if not is_concrete(scores, sensitivities):
+        return
+    q = np.asarray(scores)
+    d = np.asarray(sensitivities)
+    if q.ndim == 0 or q.shape[-1] == 0 or q.size == 0:
+        raise ValueError(f"{name_scores} must have at least one candidate on its last axis, got shape {q.shape}")
+    if d.shape != q.shape and d.shape != q.shape[-1:]:
+        raise ValueError(f"{name_sens} must have shape {q.shape[-1:]} or {q.shape}, got {d.shape}")
+    if not np.all(np.isfinite(q)):
+        raise ValueError(f"{name_scores} must be finite (no NaN/inf)")
+    if not np.all(np.isfinite(d)):
+        raise ValueError(f"{name_sens} must be finite (no NaN/inf)")
+    if not np.all(d > 0):
+        raise ValueError(f"{name_sens} must be > 0 (use a small public floor for constant scores)")
+
+
+def check_eps(epsilon, name: str = "epsilon"):
+    """Validated float epsilon, or the traced value unchanged."""
+    if not is_concrete(epsilon):
+        return epsilon
+    if np.ndim(epsilon) > 0:
+        e = np.asarray(epsilon, dtype=np.float64)
+        if not np.all(np.isfinite(e)) or not np.all(e > 0):
+            raise ValueError(f"{name} must be positive and finite, got {epsilon!r}")
+        return epsilon
+    return check_epsilon(epsilon, name)
+
+
+def check_open_unit(value: float, name: str) -> float:
+    """Returns value as float; raises ValueError unless 0 < value < 1."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be in (0, 1), got {value!r}") from None
+    if not (0.0 < v < 1.0) or math.isnan(v):
+        raise ValueError(f"{name} must be in (0, 1), got {value!r}")
+    return v

@@ -1,0 +1,89 @@
+"""Correlation of scores with sensitivities: Spearman, Pearson and the bucket-weighted measure.
+
+The sign of the correlation tells which heterogeneous mechanism fits: positive (the good candidates are
+the sensitive ones) favours mGEM / RS_γ, negative favours GEM, none favours plain RNM. These statistics
+read the private scores: they are NON-PRIVATE diagnostics (use them on public or proxy data, or let
+`combined_gem` make the choice privately with randomized response).
+All functions take [..., k] arrays and reduce the last axis (jit/vmap friendly).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import jax.scipy.stats as jstats
+
+
+def _weighted_pearson(x: jax.Array, y: jax.Array, w: jax.Array) -> jax.Array:
+    w = w / jnp.sum(w, axis=-1, keepdims=True)
+    xc = x - jnp.sum(w * x, axis=-1, keepdims=True)
+    yc = y - jnp.sum(w * y, axis=-1, keepdims=True)
+    cov = jnp.sum(w * xc * yc, axis=-1)
+    var = jnp.sum(w * xc * xc, axis=-1) * jnp.sum(w * yc * yc, axis=-1)
+    # constant vectors have no correlation: return 0 instead of NaN
+    return jnp.where(var > 0, cov / jnp.sqrt(jnp.where(var > 0, var, 1.0)), 0.0)
+
+
+def pearson(x: jax.Array, y: jax.Array) -> jax.Array:
+    """Pearson correlation along the last axis; 0 for constant inputs."""
+    x, y = jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32)
+    return _weighted_pearson(x, y, jnp.ones_like(x))
+
+
+def _ranks(x: jax.Array) -> jax.Array:
+    """Average ranks (1-based) along the last axis; pairwise counts for k ≤ 16 (O(k²) memory), else sorting."""
+    x = jnp.asarray(x, jnp.float32)
+    if x.shape[-1] <= 16:
+        less = jnp.sum(x[..., None, :] < x[..., :, None], axis=-1, dtype=jnp.float32)
+        equal = jnp.sum(x[..., None, :] == x[..., :, None], axis=-1, dtype=jnp.float32)
+        return less + (equal + 1.0) / 2.0
+    rank = lambda v: jstats.rankdata(v, method="average")
+    for _ in range(x.ndim - 1):
+        rank = jax.vmap(rank)
+    return rank(x).astype(jnp.float32)
+
+
+def spearman(x: jax.Array, y: jax.Array) -> jax.Array:
+    """Spearman rank correlation (average ranks for ties) along the last axis."""
+    return pearson(_ranks(x), _ranks(jnp.broadcast_to(y, jnp.shape(x))))
+
+
+def bucket_weights(scores: jax.Array, sensitivities: jax.Array, buckets: int = 10) -> jax.Array:
+    """Weight of each candidate = Δ_a / max Δ in its score bucket (equal-width buckets of the score range)."""
+    q = jnp.asarray(scores, jnp.float32)
+    d = jnp.broadcast_to(jnp.asarray(sensitivities, jnp.float32), q.shape)
+    lo, hi = q.min(-1, keepdims=True), q.max(-1, keepdims=True)
+    width = jnp.where(hi > lo, hi - lo, 1.0)
+    bucket = jnp.clip(jnp.floor((q - lo) / width * buckets), 0, buckets - 1).astype(jnp.int32)
+    onehot = jax.nn.one_hot(bucket, buckets, dtype=q.dtype)  # [..., k, buckets]
+    bmax = jnp.max(jnp.where(onehot > 0, d[..., None], 0.0), axis=-2)  # [..., buckets]
+    return d / jnp.take_along_axis(bmax, bucket, axis=-1)
+
+
+def weighted_correlation(scores: jax.Array, sensitivities: jax.Array, buckets: int = 10) -> jax.Array:
+    """The bucket-weighted correlation: weighted Pearson of (q, Δ) with the `bucket_weights`.
+
+    The paper's exact weighting was not recoverable; this follows its appendix description (split the
+    score range into `buckets` buckets, weight by Δ_a / max Δ within the bucket). Default buckets=10.
+    """
+    q = jnp.asarray(scores, jnp.float32)
+    d = jnp.broadcast_to(jnp.asarray(sensitivities, jnp.float32), q.shape)
+    return _weighted_pearson(q, d, bucket_weights(q, d, buckets))
+
+
+def recommend_mechanism_nonprivate(scores, sensitivities, threshold: float = 0.2, buckets: int = 10) -> dict:
+    """NON-PRIVATE helper: suggests a mechanism from the correlations of (scores, sensitivities).
+
+    Returns {"mechanism", "spearman", "pearson", "weighted"}: "mgem" when the weighted correlation is
+    above `threshold`, "gem" when below −threshold, otherwise "rnm-exp". It reads the scores, so apply
+    it to public or proxy data (e.g. a previous period), or use `combined_gem` to choose privately.
+    """
+    w = float(weighted_correlation(scores, sensitivities, buckets))
+    rho_s = float(spearman(scores, sensitivities))
+    rho_p = float(pearson(scores, sensitivities))
+    if w > threshold:
+        name = "mgem"
+    elif w < -threshold:
+        name = "gem"
+    else:
+        name = "rnm-exp"
+    return {"mechanism": name, "spearman": rho_s, "pearson": rho_p, "weighted": w}

@@ -1,0 +1,159 @@
+"""RS_γ: private selection by random stopping with heterogeneous Laplace noise.
+
+Privacy: ε-DP for the released index, for public Δ_a > 0 with |q_a(D) − q_a(D')| ≤ Δ_a on
+neighbouring datasets (unit and relation of the caller's scores).
+Base mechanism Q (ε'-DP): draw a uniformly random candidate a (data independent) and release
+q_a + Laplace(Δ_a/ε') — each candidate with its OWN sensitivity. Run Q K times, K random and
+independent of the data, and output the candidate with the largest noisy value.
+  stopping="geometric": K ~ Geometric(γ) on {1, 2, ...} (E[K] = 1/γ), 3ε'-DP (Liu & Talwar 2019);
+  stopping="tnb": K ~ truncated negative binomial D_{η,γ} (η ≥ 0; η = 0 logarithmic), (2+η)ε'-DP
+  (Papernot & Steinke 2022, Cor. 3).
+So ε' = ε/3 or ε/(2+η). K is UNBOUNDED: the loop is a lax.while_loop over blocks of draws until K
+draws were made (a truncated K would change the guarantee). Choose 1/γ of order k or larger so the
+best candidate is seen; γ is OPEN in the paper, our default is γ = 1/k (E[K] = k).
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jdp.selection import exact
+
+_K_MAX = 2**30  # int32 guard; P[K > 2^30] = (1-γ)^(2^30) is 0 in float64 for γ >= 1e-7
+
+
+def epsilon_per_run(epsilon, stopping: str = "geometric", eta: float = 1.0):
+    """ε' of each base run: ε/3 (geometric) or ε/(2+η) (tnb)."""
+    return epsilon / (3.0 if stopping == "geometric" else 2.0 + eta)
+
+
+def sample_stopping_time(key: jax.Array, gamma, stopping: str = "geometric", eta: float = 1.0) -> jax.Array:
+    """K ≥ 1 (int32): Geometric(γ) or truncated negative binomial D_{η,γ}."""
+    if stopping == "geometric" or (stopping == "tnb" and eta == 1.0):
+        u = jax.random.uniform(key, minval=jnp.finfo(jnp.float32).tiny, maxval=1.0)
+        k = jnp.ceil(jnp.log(u) / jnp.log1p(-gamma))
+        return jnp.clip(k, 1, _K_MAX).astype(jnp.int32)
+    if stopping != "tnb":
+        raise ValueError(f"stopping must be 'geometric' or 'tnb', got {stopping!r}")
+    if eta == 0.0:  # logarithmic(p = 1 − γ), Kemp's algorithm as in numpy's logseries
+        p = 1.0 - gamma
+        k1, k2 = jax.random.split(key)
+        v = jax.random.uniform(k1, minval=jnp.finfo(jnp.float32).tiny, maxval=1.0)
+        u = jax.random.uniform(k2)
+        q = -jnp.expm1(jnp.log1p(-p) * u)
+        big = jnp.floor(1.0 + jnp.log(v) / jnp.log(jnp.maximum(q, jnp.finfo(jnp.float32).tiny)))
+        k = jnp.where(v >= p, 1.0, jnp.where(v <= q * q, big, jnp.where(v >= q, 1.0, 2.0)))
+        return jnp.clip(k, 1, _K_MAX).astype(jnp.int32)
+
+    # η > 0: K ~ Poisson(Gamma(η, (1−γ)/γ)) conditioned on K ≥ 1 (rejection, unbounded loop)
+    def draw(carry):
+        key, _ = carry
+        key, kg, kp = jax.random.split(key, 3)
+        lam = jax.random.gamma(kg, eta) * (1.0 - gamma) / gamma
+        return key, jax.random.poisson(kp, lam).astype(jnp.int32)
+
+    _, k = jax.lax.while_loop(lambda c: c[1] < 1, draw, (key, jnp.int32(0)))
+    return jnp.minimum(k, _K_MAX)
+
+
+def random_stopping(key: jax.Array, scores: jax.Array, sensitivities: jax.Array, epsilon, gamma=None,
+                    stopping: str = "geometric", eta: float = 1.0, block: int | None = None) -> jax.Array:
+    """ε-DP RS_γ on one problem (scores, sensitivities [k]) -> int32 index; γ defaults to 1/k.
+
+    Draws are made `block` at a time (default min(k, 256)); draws beyond K are masked, the loop runs
+    until K draws were made, so K is never truncated.
+    """
+    k = scores.shape[-1]
+    gamma = 1.0 / k if gamma is None else gamma
+    block = min(k, 256) if block is None else block
+    d = jnp.broadcast_to(sensitivities, scores.shape)
+    scale = d / epsilon_per_run(epsilon, stopping, eta)
+    k_stop, k_loop = jax.random.split(key)
+    n_draws = sample_stopping_time(k_stop, gamma, stopping, eta)
+
+    def body(state):
+        done, key, best_v, best_i = state
+        key, kc, kn = jax.random.split(key, 3)
+        cand = jax.random.randint(kc, (block,), 0, k)
+        vals = scores[cand] + scale[cand] * jax.random.laplace(kn, (block,), scores.dtype)
+        vals = jnp.where(done + jnp.arange(block) < n_draws, vals, -jnp.inf)
+        j = jnp.argmax(vals)
+        better = vals[j] > best_v
+        return (done + block, key, jnp.where(better, vals[j], best_v), jnp.where(better, cand[j], best_i))
+
+    init = (jnp.int32(0), k_loop, jnp.array(-jnp.inf, scores.dtype), jnp.int32(0))
+    _, _, _, best = jax.lax.while_loop(lambda s: s[0] < n_draws, body, init)
+    return best.astype(jnp.int32)
+
+
+def random_stopping_batch(key: jax.Array, scores: jax.Array, sensitivities: jax.Array, epsilon, gamma=None,
+                          stopping: str = "geometric", eta: float = 1.0, chunk: int = 1 << 17) -> jax.Array:
+    """RS_γ on every row of scores [B, k] -> int32 [B], with exactly the per-row distribution.
+
+    All rows' draws form one stream: row i owns positions [start_i, start_i + K_i). The stream is
+    processed `chunk` positions at a time (row = searchsorted of the position), each row keeping its best
+    noisy value with segment maxima; the loop runs until every K_i draws were made (unbounded K).
+    Total work is Σ K_i draws instead of B · max K_i for a vmapped loop.
+    """
+    n_rows, k = scores.shape
+    gamma = 1.0 / k if gamma is None else gamma
+    d = jnp.broadcast_to(sensitivities, scores.shape)
+    scale = d / epsilon_per_run(epsilon, stopping, eta)
+    k_stop, k_loop = jax.random.split(key)
+    n_draws = jax.vmap(lambda kk: sample_stopping_time(kk, gamma, stopping, eta))(jax.random.split(k_stop, n_rows))
+    ends = jnp.cumsum(n_draws)  # int32: callers keep Σ K < 2^31 (checked in `select`)
+    total = ends[-1]
+    flat_q, flat_s = scores.reshape(-1), scale.reshape(-1)
+
+    def body(state):
+        off, key, best_v, best_i = state
+        key, kc, kn = jax.random.split(key, 3)
+        pos = off + jnp.arange(chunk, dtype=jnp.int32)
+        row = jnp.minimum(jnp.searchsorted(ends, pos, side="right"), n_rows - 1).astype(jnp.int32)
+        cand = jax.random.randint(kc, (chunk,), 0, k)
+        flat = row * k + cand
+        vals = flat_q[flat] + flat_s[flat] * jax.random.laplace(kn, (chunk,), scores.dtype)
+        vals = jnp.where(pos < total, vals, -jnp.inf)
+        seg_v = jax.ops.segment_max(vals, row, num_segments=n_rows, indices_are_sorted=True)
+        hit = (vals == seg_v[row]) & (pos < total)
+        seg_i = jax.ops.segment_max(jnp.where(hit, cand, -1), row, num_segments=n_rows, indices_are_sorted=True)
+        better = seg_v > best_v
+        return off + chunk, key, jnp.where(better, seg_v, best_v), jnp.where(better, seg_i, best_i)
+
+    init = (jnp.int32(0), k_loop, jnp.full((n_rows,), -jnp.inf, scores.dtype), jnp.zeros((n_rows,), jnp.int32))
+    _, _, _, best = jax.lax.while_loop(lambda st: st[0] < total, body, init)
+    return best.astype(jnp.int32)
+
+
+def stopping_pgf_derivative(gamma: float, stopping: str = "geometric", eta: float = 1.0):
+    """Φ'(s) of the stopping-time distribution (NumPy)."""
+    if stopping == "geometric" or (stopping == "tnb" and eta == 1.0):
+        return lambda s: gamma / (1.0 - (1.0 - gamma) * s) ** 2
+    if stopping != "tnb":
+        raise ValueError(f"stopping must be 'geometric' or 'tnb', got {stopping!r}")
+    if eta == 0.0:
+        return lambda s: (1.0 - gamma) / ((1.0 - (1.0 - gamma) * s) * math.log(1.0 / gamma))
+    return lambda s: eta * (1.0 - gamma) * (1.0 - (1.0 - gamma) * s) ** (-eta - 1.0) / (gamma ** (-eta) - 1.0)
+
+
+def expected_stopping_time(gamma: float, stopping: str = "geometric", eta: float = 1.0) -> float:
+    """E[K]: 1/γ (geometric), η(1−γ)/(γ(1−γ^η)) (tnb, η>0), (1/γ−1)/ln(1/γ) (η=0)."""
+    if stopping == "geometric" or eta == 1.0:
+        return 1.0 / gamma
+    if eta == 0.0:
+        return (1.0 / gamma - 1.0) / math.log(1.0 / gamma)
+    return eta * (1.0 - gamma) / (gamma * (1.0 - gamma ** eta))
+
+
+def random_stopping_probabilities(scores, sensitivities, epsilon, gamma=None, stopping: str = "geometric",
+                                  eta: float = 1.0, **_) -> np.ndarray:
+    """Exact P[a] of RS_γ by the generating-function integral, [..., k]."""
+    q = np.asarray(scores, np.float64)
+    k = q.shape[-1]
+    gamma = 1.0 / k if gamma is None else float(gamma)
+    d = np.broadcast_to(np.asarray(sensitivities, np.float64), q.shape)
+    scale = d / epsilon_per_run(float(epsilon), stopping, eta)
+    return exact.random_stopping_probabilities(q, scale, stopping_pgf_derivative(gamma, stopping, eta))

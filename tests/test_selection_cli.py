@@ -1,0 +1,46 @@
+"""`jdp select` CLI: run with the privacy report, curves, list, recommend, clean errors."""
+import json
+
+import numpy as np
+
+from jdp.cli import main
+
+
+def test_select_run_and_report(tmp_path, capsys):
+    q = np.random.default_rng(0).normal(size=(50, 8)).astype(np.float32)
+    d = np.full(8, 0.5, np.float32)
+    np.save(tmp_path / "q.npy", q)
+    np.savetxt(tmp_path / "d.csv", d[None], delimiter=",")
+    out = tmp_path / "r.json"
+    rc = main(["select", "run", "--mechanism", "gem", "--epsilon", "2", "--scores", str(tmp_path / "q.npy"),
+               "--sensitivities", str(tmp_path / "d.csv"), "--param", "beta=0.2", "--out", str(out)])
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert r["problems"] == 50 and len(r["selections"]) == 50 and all(0 <= i < 8 for i in r["selections"])
+    assert abs(r["privacy"]["pure_epsilon"] - 2.0) < 1e-9 and r["privacy"]["unit"] == "user"
+    assert r["timings"]["selections_per_second"] > 0 and r["mse_vs_best"] >= 0
+    rc = main(["select", "run", "--mechanism", "combined-gem", "--epsilon", "1", "--scenario", "polarised-strong",
+               "--problems", "20", "--k", "10", "--rows-share-data", "--out", str(out)])
+    r = json.loads(out.read_text())
+    assert rc == 0 and abs(r["privacy"]["pure_epsilon"] - 20.0) < 1e-6
+
+
+def test_select_curves_list_recommend(tmp_path, capsys):
+    out = tmp_path / "c.json"
+    assert main(["select", "curves", "--scenario", "bimodal-negative", "--k", "10", "--trials", "3",
+                 "--epsilons", "0.5", "2", "--mechanisms", "gem", "mgem", "--out", str(out)]) == 0
+    c = json.loads(out.read_text())
+    assert c["mse"]["gem"][0] < c["mse"]["mgem"][0]
+    assert main(["select", "list"]) == 0
+    listing = json.loads(capsys.readouterr().out)
+    assert "rnmh-nonprivate" not in listing["private"] and "gem" in listing["private"]
+    assert main(["select", "recommend", "--scenario", "bimodal-negative", "--problems", "2", "--k", "20"]) == 0
+    assert json.loads(capsys.readouterr().out)["mechanism"] == "gem"
+
+
+def test_select_errors_are_clean(capsys):
+    assert main(["select", "run", "--mechanism", "gem", "--epsilon", "0", "--problems", "3", "--k", "5"]) == 2
+    assert "epsilon" in capsys.readouterr().err
+    assert main(["select", "run", "--mechanism", "rnmh-nonprivate", "--epsilon", "1", "--problems", "3"]) == 2
+    assert "not differentially private" in capsys.readouterr().err
+    assert main(["select", "run", "--epsilon", "1", "--scores", "/nonexistent.npy", "--sensitivities", "x"]) == 2
