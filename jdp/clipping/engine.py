@@ -202,7 +202,7 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
         N = B if num_groups is None else int(num_groups)
         if N < 1:
             raise ValueError(f"num_groups must be >= 1, got {num_groups}")
-        if _is_concrete(group_ids) and (int(group_ids.min()) < 0 or int(group_ids.max()) >= N):
+        if _is_concrete(group_ids) and (np.asarray(group_ids).min() < 0 or np.asarray(group_ids).max() >= N):
             raise ValueError(f"group_ids must lie in [0, num_groups={N})")
     else:
         N = B
@@ -299,7 +299,7 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
         grad_sum=grad_sum, norms=total_norms, loss=losses, clip_factors=factors[:, 0] if K == 1 else factors,
         group_norms=None if K == 1 else gnorms, num_nonfinite=num_nonfinite,
         sensitivity=sensitivity, partition_labels=labels)
-    if _is_concrete(num_nonfinite) and int(num_nonfinite) > 0:
+    if all(_is_concrete(x) for x in jax.tree.leaves((params, batch, mask))) and int(num_nonfinite) > 0:
         raise ValueError(f"loss_fn produced a non-finite loss or gradient norm for {int(num_nonfinite)} "
                          "unit(s) of the batch")
     return result

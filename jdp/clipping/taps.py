@@ -21,6 +21,7 @@ import threading
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
+from flax.core import tracers as _flax_tracers
 import jax
 import jax.extend.core as jex_core
 import jax.numpy as jnp
@@ -75,10 +76,15 @@ class _Tapper:
         self.records: dict[int, Any] = {}
         self.count = 0
         self.bypass = False
+        # Calls made under a (lifted) transformation inside the loss (nn.scan, nn.remat, jax.lax.map...)
+        # run at another trace level: they are not tapped (their inputs could not be recorded).
+        self.trace = _flax_tracers.current_trace()
 
     def _candidate(self, mod, method, args, kwargs):
         kind = _KINDS.get((type(mod), method))
         if kind is None or kwargs or len(args) != 1 or mod.scope is None:
+            return None
+        if _flax_tracers.current_trace() != self.trace:
             return None
         if kind == "dense" and isinstance(mod, nn.DenseGeneral) and mod.batch_dims:
             return None
