@@ -97,11 +97,21 @@ def seq_batch(B, L, vocab, seed=0, pad_id=None):
     return {"x": x, "y": y}
 
 
+_PER_EXAMPLE = {}
+
+
+def per_example(loss_fn, params, batch):
+    key = (loss_fn, id(params), id(batch))
+    if key not in _PER_EXAMPLE:
+        per = jax.jit(functools.partial(jc.per_example_grads_reference, loss_fn))(params, batch)
+        _PER_EXAMPLE[key] = (params, batch, [np.asarray(x, np.float64) for x in jax.tree.leaves(per)])
+    return _PER_EXAMPLE[key][2]
+
+
 def reference(loss_fn, params, batch, C, mask=None, group_ids=None, num_groups=None, normalize=False,
               labels=None, Cs=None):
     """Per-example grads by vmap(grad), then clip in numpy."""
-    per = jc.per_example_grads_reference(loss_fn, params, batch)
-    leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(per)]
+    leaves = per_example(loss_fn, params, batch)
     B = leaves[0].shape[0]
     w = np.ones(B) if mask is None else np.asarray(mask, np.float64)
     if group_ids is None:
@@ -150,10 +160,8 @@ def test_mlp_all_methods():
     batch = {"x": x, "y": jnp.array([0, 1, 2, 0, 1, 2])}
     params = model.init(jax.random.PRNGKey(1), x)["params"]
     loss_fn = xent(model)
-    norms = np.asarray(run(loss_fn, params, batch, l2_clip=1e6, method="vmap").norms)
-    C = float(np.median(norms))        # half the examples get clipped
+    C = float(np.median(reference(loss_fn, params, batch, 1e6)[1]))        # half the examples get clipped
     ref_sum, ref_norms = reference(loss_fn, params, batch, C)
-    np.testing.assert_allclose(norms, ref_norms, rtol=TOL)
     for method in ("auto", "ghost", "ghost-two-pass", "vmap"):
         check(run(loss_fn, params, batch, l2_clip=C, method=method), ref_sum, ref_norms)
     assert jc.explain(loss_fn, params, batch)[-1] == {"fallback": []}
@@ -240,8 +248,8 @@ def test_normalized_and_per_layer_clipping():
     cg = run(loss_fn, params, batch, l2_clip=0.3, normalize=True)
     check(cg, ref_sum, ref_norms)
     # every example contributes exactly norm C
-    per = jax.tree.leaves(jc.per_example_grads_reference(loss_fn, params, batch))
-    clipped = np.sqrt(sum((np.asarray(g).reshape(5, -1) ** 2).sum(1) for g in per)) * np.asarray(cg.clip_factors)
+    per = per_example(loss_fn, params, batch)
+    clipped = np.sqrt(sum((g.reshape(5, -1) ** 2).sum(1) for g in per)) * np.asarray(cg.clip_factors)
     np.testing.assert_allclose(clipped, 0.3, rtol=1e-5)
     # per-layer: one group per Dense module, thresholds split equally
     paths = [jax.tree_util.keystr(p[:-1]) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
