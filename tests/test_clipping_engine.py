@@ -168,8 +168,8 @@ def test_mlp_all_methods():
 
 
 @pytest.mark.parametrize("cfg", [
-    dict(vocab=30, dim=8, L=6, memory_limit=1 << 30),   # Phantom: lookup + ghosted attend (cross by gather)
-    dict(vocab=10, dim=4, L=12, memory_limit=2000),     # lookup + instantiated attend, chunked over batch
+    dict(vocab=30, dim=8, L=6, memory_limit=1 << 30, method="ghost"),   # Phantom: lookup + ghosted attend
+    dict(vocab=10, dim=4, L=12, memory_limit=2000, method="auto"),      # lookup + instantiated attend, chunked
 ])
 def test_tied_transformer(cfg):
     model = Transformer(vocab=cfg["vocab"], dim=cfg["dim"], max_len=cfg["L"], tied=True)
@@ -179,11 +179,13 @@ def test_tied_transformer(cfg):
     mask = jnp.array([True, True, False, True, True])
     C = 0.5 * float(np.median(reference(loss_fn, params, batch, 1e6)[1]))
     ref_sum, ref_norms = reference(loss_fn, params, batch, C, mask=mask)
-    check(run(loss_fn, params, batch, l2_clip=C, mask=mask, memory_limit=cfg["memory_limit"]), ref_sum, ref_norms)
+    check(run(loss_fn, params, batch, l2_clip=C, mask=mask, memory_limit=cfg["memory_limit"], method=cfg["method"]),
+          ref_sum, ref_norms)
     # user-level: examples 0,3 and 1,4 belong to the same user; example 2 is padding
     gids = jnp.array([0, 1, 2, 0, 1])
     ref_sum, ref_norms = reference(loss_fn, params, batch, C, mask=mask, group_ids=gids, num_groups=3)
-    check(run(loss_fn, params, batch, l2_clip=C, mask=mask, group_ids=gids, num_groups=3), ref_sum, ref_norms)
+    check(run(loss_fn, params, batch, l2_clip=C, mask=mask, group_ids=gids, num_groups=3, method=cfg["method"]),
+          ref_sum, ref_norms)
     plan = jc.explain(loss_fn, params, batch)
     assert plan[-1] == {"fallback": []}
     assert [r["method"] for r in plan[:-1] if r.get("layer") == "Embed"].count("attend") == 1

@@ -29,7 +29,7 @@ from jdp.clipping import norms as _norms
 from jdp.clipping import taps as _taps
 
 METHODS = ("auto", "bk", "ghost", "ghost-two-pass", "vmap")
-DEFAULT_MEMORY_LIMIT = 1 << 30  # bytes for instantiated per-example gradients of one leaf (chunked)
+DEFAULT_MEMORY_LIMIT = 32 << 20  # bytes per chunk of instantiated per-example gradients (cache-sized)
 
 
 @flax.struct.dataclass

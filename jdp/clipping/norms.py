@@ -44,8 +44,13 @@ def _gather_cols(L, ids):
     return jnp.take_along_axis(L, idx, axis=2)
 
 
+# Instantiation runs as a plain GEMM per example and is ~2x more efficient per FLOP than the batched
+# T x T Grams of ghost clipping on CPU (measured at T=50, vocab 23,715), hence the factor.
+GHOST_COST_FACTOR = 2.0
+
+
 def choose_instantiate(c: LeafContribs, method: str) -> bool:
-    """Mixed rule: instantiate the mat part when its FLOP cost is below the ghost cost."""
+    """Mixed rule: instantiate the mat part when its cost is below the ghost cost."""
     if not c.mats:
         return False
     if method == "ghost":
@@ -54,7 +59,7 @@ def choose_instantiate(c: LeafContribs, method: str) -> bool:
         return True  # needed to combine exactly with instantiated terms
     P, Q = c.pq
     T = sum(L.shape[1] for L, _ in c.mats)
-    return T * P * Q < T * T * (P + Q)
+    return T * P * Q <= GHOST_COST_FACTOR * T * T * (P + Q)
 
 
 def _chunk_size(B: int, P: int, Q: int, memory_limit: int) -> int:
@@ -86,17 +91,20 @@ def sq_norms_diag(c: LeafContribs, method: str, memory_limit: int) -> jax.Array:
         chunk = _chunk_size(B, P, Q, memory_limit)
 
         def one(args):
+            # U^T [b, Q, P]: with P >= Q (e.g. vocab x dim) the large factor stays the GEMM's
+            # right operand in its stored layout (no transposed copy of the logit gradients).
             mats, insts, lk = args
-            U = 0.0
+            Ut = 0.0
             for L, R in mats:
-                U = U + jnp.einsum("btp,btq->bpq", L, R)
+                Ut = Ut + jnp.einsum("btq,btp->bqp", R, L)
             for u in insts:
-                U = U + u.reshape(u.shape[0], P, Q)
-            out = jnp.sum(U * U, axis=(1, 2))
+                Ut = Ut + jnp.swapaxes(u.reshape(u.shape[0], P, Q), 1, 2)
+            out = jnp.sum(Ut * Ut, axis=(1, 2))
             if lk is not None:
                 lids, lR = lk
-                rows = jnp.take_along_axis(U, lids[:, :, None], axis=1)   # [b, Tl, Q]
-                out = out + 2.0 * jnp.sum(rows * lR, axis=(1, 2))
+                idx = jnp.broadcast_to(lids[:, None, :], (lids.shape[0], Q, lids.shape[1]))
+                rows = jnp.take_along_axis(Ut, idx, axis=2)                  # [b, Q, Tl]
+                out = out + 2.0 * jnp.einsum("bqt,btq->b", rows, lR)
             return out
 
         lk = (ids, R_l) if c.lookups else None
@@ -156,9 +164,10 @@ def clipped_sum(c: LeafContribs, weights: jax.Array) -> jax.Array:
     P, Q = c.pq if c.pq is not None else (1, int(math.prod(c.shape)))
     out = jnp.zeros((P, Q), jnp.float32)
     for L, R in c.mats:
-        # scale the smaller factor (for Embed.attend, L holds the [B,T,vocab] logit gradients)
+        # scale the smaller factor (for Embed.attend, L holds the [B,T,vocab] logit gradients) and
+        # keep the large one as the GEMM's right operand in its stored layout (3x faster on CPU)
         if P >= Q:
-            out = out + jnp.einsum("btp,btq->pq", L, R * weights[:, None, None].astype(R.dtype))
+            out = out + jnp.einsum("btq,btp->qp", R * weights[:, None, None].astype(R.dtype), L).T
         else:
             out = out + jnp.einsum("btp,btq->pq", L * weights[:, None, None].astype(L.dtype), R)
     for ids, R in c.lookups:
