@@ -202,7 +202,8 @@ def test_untied_transformer_two_pass():
     check(run(loss_fn, params, batch, l2_clip=C, method="ghost-two-pass"), ref_sum, ref_norms)
 
 
-@pytest.mark.parametrize("cell,scan,fallback", [("gru", True, True), ("lstm", True, True), ("gru", False, False)])
+@pytest.mark.parametrize("cell,scan,fallback", [
+    ("gru", True, True), pytest.param("lstm", True, True, marks=pytest.mark.slow), ("gru", False, False)])
 def test_recurrent(cell, scan, fallback):
     model = RNN(cell, scan)
     batch = seq_batch(4, 5, 20, seed=1)
