@@ -116,7 +116,7 @@ def _rating_rows(data, name, rating_range, args, methods) -> list[dict]:
         row["data"] = name
         row["validation_rmse_by_reg_scale"] = valid
         rows.append(row)
-        write_results(f"altmin_quality_{name.replace('-', '_')}_partial", rows)  # survive interruption
+        write_results(f"altmin_quality_{name.replace('-', '_')}_partial", rows)  # survive interruption (removed at the end)
         print(f"{name} {method} eps={eps} mu={mu} seed={seed} reg_scale={selected[key]}: "
               f"rmse_valid={row['metrics']['rmse_valid']:.4f} rmse_test={row['metrics']['rmse_test']:.4f}", flush=True)
     return rows
@@ -189,6 +189,7 @@ def main():
     name = "altmin_quality_" + args.part.replace("-", "_")
     summary = summarise(rows)
     path = write_results(name, rows, summary=summary)
+    (RESULTS_DIR / f"altmin_quality_{args.part.replace('-', '_')}_partial.json").unlink(missing_ok=True)
     plot(summary, name)
     print(f"wrote {path}")
     for s in sorted(summary, key=lambda s: (s["data"], str(s["counts"]), s["epsilon"] or 0, s["method"], s["mu"] or 0)):
