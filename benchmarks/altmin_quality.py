@@ -189,7 +189,8 @@ def main():
     name = "altmin_quality_" + args.part.replace("-", "_")
     summary = summarise(rows)
     path = write_results(name, rows, summary=summary)
-    (RESULTS_DIR / f"altmin_quality_{args.part.replace('-', '_')}_partial.json").unlink(missing_ok=True)
+    for partial in RESULTS_DIR.glob("altmin_quality_*_partial.json"):
+        partial.unlink()
     plot(summary, name)
     print(f"wrote {path}")
     for s in sorted(summary, key=lambda s: (s["data"], str(s["counts"]), s["epsilon"] or 0, s["method"], s["mu"] or 0)):
