@@ -101,6 +101,34 @@ def dp_sgd_event(noise_multiplier: float, sampling_rate: float, steps: int) -> d
     return dpe.SelfComposedDpEvent(dpe.PoissonSampledDpEvent(sampling_rate, dpe.GaussianDpEvent(noise_multiplier)), steps)
 
 
+def privacy_setup(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: np.ndarray | None = None
+                  ) -> tuple[accounting.PrivacyReport | None, float, np.ndarray | None]:
+    """(report, noise multiplier σ, item counts for Re-Attention) for a run of cfg; (None, 0, None)
+    when non-private. DPFormer: caller-declared public counts, else a Gaussian histogram release."""
+    cfg.validate()
+    if cfg.epsilon is None:
+        return None, 0.0, None
+    N, L, M = data.n_users, data.maxlen, data.n_items
+    q = cfg.batch_size / N
+    steps = max(1, int(math.ceil(cfg.epochs * N / cfg.batch_size)))
+    report = accounting.PrivacyReport(cfg.delta, unit="user", relation="add/remove one user's sequence")
+    counts_rel = None
+    if cfg.model == "dpformer":
+        if public_item_counts is not None:
+            counts_rel = np.asarray(public_item_counts, np.float64)
+            if counts_rel.shape != (M + 1,) or not np.isfinite(counts_rel).all():
+                raise ValueError(f"public_item_counts must be a finite array of shape ({M + 1},)")
+        else:
+            counts_rel = ra.private_item_counts(key, item_presence(data.train_input, data.train_target, M),
+                                                L + 1, cfg.hist_noise_multiplier, report)
+    fixed = [r.composed_event() for r in report.releases]
+    sigma = accounting.calibrate(lambda s: dpe.ComposedDpEvent(fixed + [dp_sgd_event(s, q, steps)]),
+                                 cfg.epsilon, cfg.delta, bracket=(0.05, 500.0))
+    report.add("DP-SGD step (Poisson-sampled Gaussian)", dpe.PoissonSampledDpEvent(q, dpe.GaussianDpEvent(sigma)),
+               sensitivity=cfg.l2_clip, noise_scale=sigma * cfg.l2_clip, count=steps)
+    return report, float(sigma), counts_rel
+
+
 def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: np.ndarray | None = None,
           checkpoint: str | pathlib.Path | None = None, checkpoint_every: int = 50,
           progress: bool = True, evaluate_test: bool = True) -> TrainResult:
@@ -118,26 +146,13 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     q = cfg.batch_size / N
     steps = max(1, int(math.ceil(cfg.epochs * N / cfg.batch_size)))
     private = cfg.epsilon is not None
+    if public_item_counts is not None and cfg.model == "dpformer":  # validate before any work
+        if np.shape(public_item_counts) != (M + 1,):
+            raise ValueError(f"public_item_counts must be a finite array of shape ({M + 1},)")
     model = make_model(cfg.model, M, L, cfg.d, cfg.heads, cfg.blocks, cfg.dropout, cfg.activation)
     k_init, k_hist, k_train = jax.random.split(key, 3)
 
-    # ---- privacy: optional histogram + calibrated DP-SGD ----
-    report, sigma, counts_rel = None, 0.0, None
-    if private:
-        report = accounting.PrivacyReport(cfg.delta, unit="user", relation="add/remove one user's sequence")
-        if cfg.model == "dpformer":
-            if public_item_counts is not None:
-                counts_rel = np.asarray(public_item_counts, np.float64)
-                if counts_rel.shape != (M + 1,) or not np.isfinite(counts_rel).all():
-                    raise ValueError(f"public_item_counts must be a finite array of shape ({M + 1},)")
-            else:
-                counts_rel = ra.private_item_counts(k_hist, item_presence(data.train_input, data.train_target, M),
-                                                    L + 1, cfg.hist_noise_multiplier, report)
-        fixed = [r.composed_event() for r in report.releases]
-        sigma = accounting.calibrate(lambda s: dpe.ComposedDpEvent(fixed + [dp_sgd_event(s, q, steps)]),
-                                     cfg.epsilon, cfg.delta, bracket=(0.05, 500.0))
-        report.add("DP-SGD step (Poisson-sampled Gaussian)", dpe.PoissonSampledDpEvent(q, dpe.GaussianDpEvent(sigma)),
-                   sensitivity=cfg.l2_clip, noise_scale=sigma * cfg.l2_clip, count=steps)
+    report, sigma, counts_rel = privacy_setup(data, cfg, k_hist, public_item_counts)
     reatt = None
     if cfg.model == "dpformer":
         if counts_rel is None:  # non-private reference: zero noise -> Re-Attention is the identity
@@ -224,4 +239,4 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     return TrainResult(params, metrics, report, float(sigma), steps, history, timings, reatt, counts_rel)
 
 
-__all__ = ["TrainConfig", "TrainResult", "dp_sgd_event", "lr_schedule", "train"]
+__all__ = ["TrainConfig", "TrainResult", "dp_sgd_event", "lr_schedule", "privacy_setup", "train"]
