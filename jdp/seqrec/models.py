@@ -128,7 +128,8 @@ class TransformerRec(SeqRecModel):
         embed = nn.Embed(self.n_items + 1, self.d, name="item_embed")
         pos = nn.Embed(self.maxlen, self.d, name="pos_embed")
         scale = math.sqrt(self.d)
-        x = (embed(seq) * scale + pos(jnp.arange(L))[None]) * valid[..., None]
+        # positions counted from the right end (left padding): a shorter window gives the same outputs
+        x = (embed(seq) * scale + pos(jnp.arange(L) + (self.maxlen - L))[None]) * valid[..., None]
         track = self.reattention and reatt is not None
         var_x, w_var = None, 0.0
         if track:
