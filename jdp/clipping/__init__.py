@@ -1,0 +1,15 @@
+"""Fast exact per-example clipping for Flax models and DP-SGD (spec: clipping_dpformer.md §1-4).
+
+`clipped_grad(loss_fn, params, batch, l2_clip=...)` returns the sum of per-example clipped gradients
+using taps on recognised linen layers (ghost / instantiated norms, Phantom clipping for tied
+embeddings, exact cross-site terms, book-keeping) and an exact vmap fallback for everything else.
+`dp_sgd(...)` wraps it into DP-SGD with Poisson sampling, an optax noise transformation and a
+PrivacyReport from dp_accounting.
+"""
+from jdp.clipping.dp_sgd import (DPSGD, DPSGDState, calibrate_noise_multiplier, default_max_batch_size,
+                                 dp_aggregate, dp_sgd, dp_sgd_event, poisson_sample)
+from jdp.clipping.engine import METHODS, ClippedGrad, clipped_grad, explain, per_example_grads_reference
+
+__all__ = ["METHODS", "ClippedGrad", "DPSGD", "DPSGDState", "calibrate_noise_multiplier", "clipped_grad",
+           "default_max_batch_size", "dp_aggregate", "dp_sgd", "dp_sgd_event", "explain",
+           "per_example_grads_reference", "poisson_sample"]

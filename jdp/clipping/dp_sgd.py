@@ -1,0 +1,272 @@
+"""DP-SGD on top of `clipped_grad`: Poisson sampling with static-shape padding, an optax noise
+transformation, a jit-compiled step and a PrivacyReport from dp_accounting.
+
+Mechanism per step (spec §1): a Poisson sample (each unit independently with probability q), the sum
+of clipped per-unit gradients (L2 sensitivity S = C, or sqrt(sum C_k^2) for per-layer clipping), plus
+N(0, (sigma S)^2 I), divided by the PUBLIC expected batch size q N (never by the private sample size).
+Accounting: `SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(sigma)), steps)` under
+add/remove of one unit, composed by dp_accounting (RDP by default, PLD on request).
+
+Unit of privacy: one row of the training data (an example, or a user when each row holds one user's
+whole sequence); neighbouring relation: add/remove one such row.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from dp_accounting import dp_event as dpe
+
+from jdp.accounting import PrivacyReport, calibrate, check_delta, check_epsilon, check_positive, compute_epsilon
+from jdp.clipping.engine import METHODS, clipped_grad
+
+
+# ---------------------------------------------------------------------------------------------------
+# Accounting.
+def dp_sgd_event(noise_multiplier: float, sampling_rate: float, steps: int) -> dpe.DpEvent:
+    """The dp_accounting event of `steps` Poisson-sampled Gaussian steps."""
+    check_positive(noise_multiplier, "noise_multiplier")
+    q = check_positive(sampling_rate, "sampling_rate")
+    if q > 1:
+        raise ValueError(f"sampling_rate must be in (0, 1], got {sampling_rate}")
+    if int(steps) < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    return dpe.SelfComposedDpEvent(dpe.PoissonSampledDpEvent(q, dpe.GaussianDpEvent(float(noise_multiplier))),
+                                   int(steps))
+
+
+def calibrate_noise_multiplier(epsilon: float, delta: float, sampling_rate: float, steps: int,
+                               accountant: str = "rdp") -> float:
+    """Smallest noise multiplier sigma whose `dp_sgd_event` spends at most (epsilon, delta)."""
+    check_epsilon(epsilon)
+    check_delta(delta)
+    dp_sgd_event(1.0, sampling_rate, steps)  # validates q and steps
+    return calibrate(lambda s: dp_sgd_event(s, sampling_rate, steps), epsilon, delta,
+                     bracket=(1e-2, 1e4), accountant=accountant)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Poisson sampling with a static shape.
+def default_max_batch_size(num_examples: int, sampling_rate: float, multiple: int = 8) -> int:
+    """Expected size + 6 standard deviations (overflow probability < 1e-8), rounded up."""
+    mean = num_examples * sampling_rate
+    size = mean + 6.0 * math.sqrt(max(mean * (1 - sampling_rate), 1.0)) + 1
+    return int(min(num_examples, multiple * math.ceil(size / multiple)))
+
+
+def poisson_sample(key: jax.Array, num_examples: int, sampling_rate: float, max_batch_size: int):
+    """Poisson sample of row indices padded to a static size.
+
+    Returns (indices [max_batch_size] int32, mask [max_batch_size] bool, count []). Padding rows repeat
+    index 0 with mask False. When count > max_batch_size the sample does NOT match the accounted
+    mechanism: callers must check `count <= max_batch_size` (DPSGD.sample raises).
+    """
+    keep = jax.random.uniform(key, (num_examples,)) < sampling_rate
+    count = jnp.sum(keep)
+    (idx,) = jnp.nonzero(keep, size=max_batch_size, fill_value=0)
+    mask = jnp.arange(max_batch_size) < count
+    return idx.astype(jnp.int32), mask, count
+
+
+# ---------------------------------------------------------------------------------------------------
+# optax transformation.
+class DPAggregateState(NamedTuple):
+    key: jax.Array
+    count: jax.Array
+
+
+def dp_aggregate(noise_multiplier: float, sensitivity: float, expected_batch_size: float,
+                 key: jax.Array) -> optax.GradientTransformation:
+    """optax transformation: (sum of clipped grads + N(0, (sigma S)^2)) / expected batch size.
+
+    Feed it `ClippedGrad.grad_sum` (a SUM over units, sensitivity S), put it first in an optax.chain.
+    The noise key is split each step from `key` (explicit, reproducible).
+    """
+    sigma = check_positive(noise_multiplier, "noise_multiplier")
+    S = check_positive(sensitivity, "sensitivity")
+    denom = check_positive(expected_batch_size, "expected_batch_size")
+
+    def init_fn(params):
+        del params
+        return DPAggregateState(key=jnp.asarray(key), count=jnp.zeros((), jnp.int32))
+
+    def update_fn(updates, state, params=None):
+        del params
+        new_key, sub = jax.random.split(state.key)
+        leaves, treedef = jax.tree.flatten(updates)
+        keys = jax.random.split(sub, len(leaves))
+        noisy = [(g + sigma * S * jax.random.normal(k, jnp.shape(g), jnp.result_type(g))) / denom
+                 for g, k in zip(leaves, keys)]
+        return jax.tree.unflatten(treedef, noisy), DPAggregateState(new_key, state.count + 1)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The step helper.
+class DPSGDState(NamedTuple):
+    params: Any
+    opt_state: Any
+    step: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class DPSGD:
+    """DP-SGD for a Flax/JAX loss with Poisson sampling and accounting (built by `dp_sgd`).
+
+    Unit of privacy: one row of `data` (an example; a user when a row is a user's whole sequence);
+    neighbouring relation: add/remove one row. Every step releases one noisy clipped-gradient sum.
+    """
+    loss_fn: Callable
+    optimizer: optax.GradientTransformation
+    num_examples: int
+    sampling_rate: float
+    steps: int
+    l2_clip: float
+    noise_multiplier: float
+    delta: float
+    max_batch_size: int
+    method: str = "auto"
+    normalize: bool = False
+    accountant: str = "rdp"
+    unit: str = "example"
+
+    @property
+    def expected_batch_size(self) -> float:
+        return self.num_examples * self.sampling_rate
+
+    def event(self, steps: int | None = None) -> dpe.DpEvent:
+        return dp_sgd_event(self.noise_multiplier, self.sampling_rate, self.steps if steps is None else steps)
+
+    def epsilon(self, steps: int | None = None) -> float:
+        return compute_epsilon(self.event(steps), self.delta, self.accountant)
+
+    def report(self, steps: int | None = None) -> PrivacyReport:
+        """PrivacyReport of `steps` (default: all planned) DP-SGD steps."""
+        n = self.steps if steps is None else int(steps)
+        rep = PrivacyReport(self.delta, unit=self.unit,
+                            relation=f"add/remove one {self.unit} (Poisson sampling, rate {self.sampling_rate:.4g})",
+                            accountant=self.accountant)
+        rep.add("dp-sgd noisy clipped gradient sum", dpe.PoissonSampledDpEvent(
+            self.sampling_rate, dpe.GaussianDpEvent(self.noise_multiplier)),
+            sensitivity=self.l2_clip, noise_scale=self.noise_multiplier * self.l2_clip, count=n)
+        return rep
+
+    def transform(self, key: jax.Array) -> optax.GradientTransformation:
+        return optax.chain(dp_aggregate(self.noise_multiplier, self.l2_clip, self.expected_batch_size, key),
+                           self.optimizer)
+
+    def init(self, params: Any, key: jax.Array) -> DPSGDState:
+        """`key` seeds the noise of every step."""
+        return DPSGDState(params, self.transform(key).init(params), jnp.zeros((), jnp.int32))
+
+    def sample(self, key: jax.Array):
+        """(indices [max_batch_size], mask) of one Poisson sample; raises if it overflows the padding."""
+        idx, mask, count = _poisson_jit(key, self.num_examples, self.sampling_rate, self.max_batch_size)
+        if int(count) > self.max_batch_size:
+            raise ValueError(f"Poisson sample of {int(count)} rows exceeds max_batch_size="
+                             f"{self.max_batch_size}; increase max_batch_size (truncating would change "
+                             "the accounted mechanism)")
+        return idx, mask
+
+    def _step(self, state: DPSGDState, batch: Any, mask: jax.Array):
+        cg = clipped_grad(self.loss_fn, state.params, batch, l2_clip=self.l2_clip, mask=mask,
+                          method=self.method, normalize=self.normalize)
+        tx = self.transform(jax.random.PRNGKey(0))  # key lives in opt_state
+        updates, opt_state = tx.update(cg.grad_sum, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        m = jnp.maximum(jnp.sum(mask), 1)
+        metrics = {"loss": jnp.sum(cg.loss * mask) / m, "num_nonfinite": cg.num_nonfinite,
+                   "frac_clipped": jnp.sum((cg.norms > self.l2_clip) * mask) / m}
+        return DPSGDState(params, opt_state, state.step + 1), metrics
+
+    @property
+    def step(self) -> Callable:
+        """jit-compiled step(state, batch [max_batch_size rows], mask) -> (state, metrics).
+
+        metrics are private diagnostics (loss, clipped fraction): do not publish them unaccounted.
+        """
+        return _jitted_step(self)
+
+    def fit(self, params: Any, data: Any, key: jax.Array, steps: int | None = None,
+            progress: bool = True) -> tuple[Any, PrivacyReport, list]:
+        """Runs `steps` (default all planned) DP-SGD steps on `data` (pytree of arrays [N, ...])."""
+        from tqdm.auto import tqdm
+        n = self.steps if steps is None else int(steps)
+        if n > self.steps:
+            raise ValueError(f"steps={n} exceeds the {self.steps} steps the noise was calibrated for")
+        sizes = {int(np.shape(x)[0]) for x in jax.tree.leaves(data)}
+        if sizes != {self.num_examples}:
+            raise ValueError(f"data must have {self.num_examples} rows (num_examples), got {sorted(sizes)}")
+        k_noise, k_sample = jax.random.split(key)
+        state = self.init(params, k_noise)
+        gather = jax.jit(lambda d, i: jax.tree.map(lambda x: jnp.take(x, i, axis=0), d))
+        history = []
+        for t in tqdm(range(n), disable=not progress, desc="dp-sgd"):
+            idx, mask = self.sample(jax.random.fold_in(k_sample, t))
+            state, metrics = self.step(state, gather(data, idx), mask)
+            if int(metrics["num_nonfinite"]) > 0:
+                raise ValueError(f"step {t}: loss_fn produced non-finite values for "
+                                 f"{int(metrics['num_nonfinite'])} sampled rows")
+            history.append({k: float(v) for k, v in metrics.items()})
+        return state.params, self.report(n), history
+
+
+_poisson_jit = jax.jit(poisson_sample, static_argnums=(1, 2, 3))
+_STEP_CACHE: dict = {}
+
+
+def _jitted_step(cfg: DPSGD):
+    key = id(cfg)
+    hit = _STEP_CACHE.get(key)
+    if hit is None or hit[0] is not cfg:
+        hit = (cfg, jax.jit(cfg._step))
+        _STEP_CACHE[key] = hit
+    return hit[1]
+
+
+def dp_sgd(loss_fn: Callable, optimizer: optax.GradientTransformation, *, num_examples: int,
+           batch_size: float, l2_clip: float, delta: float, epochs: float | None = None,
+           steps: int | None = None, epsilon: float | None = None, noise_multiplier: float | None = None,
+           method: str = "auto", normalize: bool = False, max_batch_size: int | None = None,
+           accountant: str = "rdp", unit: str = "example") -> DPSGD:
+    """Builds a DPSGD helper; the noise multiplier is calibrated to (epsilon, delta) for Poisson
+    sampling at rate batch_size / num_examples over the planned steps (or given explicitly).
+
+    Unit of privacy: one row of the training data (`unit` names it); add/remove-one neighbours.
+    """
+    if int(num_examples) < 1:
+        raise ValueError(f"num_examples must be >= 1, got {num_examples}")
+    check_positive(batch_size, "batch_size")
+    if batch_size > num_examples:
+        raise ValueError(f"batch_size ({batch_size}) must be <= num_examples ({num_examples})")
+    C = check_positive(l2_clip, "l2_clip")
+    delta = check_delta(delta)
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    q = float(batch_size) / int(num_examples)
+    if steps is None:
+        if epochs is None:
+            raise ValueError("give steps or epochs")
+        steps = int(math.ceil(check_positive(epochs, "epochs") / q))
+    if int(steps) < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    if (epsilon is None) == (noise_multiplier is None):
+        raise ValueError("give exactly one of epsilon (calibrates the noise) or noise_multiplier")
+    if epsilon is not None:
+        noise_multiplier = calibrate_noise_multiplier(epsilon, delta, q, int(steps), accountant)
+    check_positive(noise_multiplier, "noise_multiplier")
+    mb = default_max_batch_size(int(num_examples), q) if max_batch_size is None else int(max_batch_size)
+    if mb < 1:
+        raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+    return DPSGD(loss_fn, optimizer, int(num_examples), q, int(steps), C, float(noise_multiplier), delta, mb,
+                 method, bool(normalize), accountant, unit)
+
+
+__all__ = ["DPAggregateState", "DPSGD", "DPSGDState", "calibrate_noise_multiplier", "default_max_batch_size",
+           "dp_aggregate", "dp_sgd", "dp_sgd_event", "poisson_sample"]

@@ -1,0 +1,328 @@
+"""`clipped_grad`: the sum of per-example (or per-user) clipped gradients of any Flax/JAX loss.
+
+Contract (spec §1): with g_n the gradient of unit n's loss (an example, or a user's examples summed)
+over ALL trainable parameters, returns  sum_n clip(g_n)  with clip(g) = g * min(1, C/||g||), or
+g * C/||g|| (normalised / "automatic" clipping), so the sum has L2 sensitivity C under add/remove of
+one unit. Per-layer clipping splits C over parameter groups (sensitivity sqrt(sum_k C_k^2)).
+The noise is NOT added here (see `jdp.clipping.dp_sgd`): this is the bounded-sensitivity query.
+
+Methods:
+  "auto" / "bk"       taps on recognised Flax layers, per-layer mixed ghost/instantiated norms, exact
+                      cross-site terms, Phantom clipping for tied embeddings, book-keeping clipped sum
+                      (one backward), exact vmap fallback for every other parameter.
+  "ghost"             same, ghost norms for every matrix site (no instantiation).
+  "ghost-two-pass"    norms as "auto", clipped sum from a second backward of sum_b c_b loss_b.
+  "vmap"              reference: per-example gradients by jax.vmap(jax.grad) (memory B x params).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Mapping
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jdp.accounting import check_positive
+from jdp.clipping import norms as _norms
+from jdp.clipping import taps as _taps
+
+METHODS = ("auto", "bk", "ghost", "ghost-two-pass", "vmap")
+DEFAULT_MEMORY_LIMIT = 1 << 30  # bytes for instantiated per-example gradients of one leaf (chunked)
+
+
+@flax.struct.dataclass
+class ClippedGrad:
+    """Result of `clipped_grad`.
+
+    grad_sum: pytree like params, sum over units of the clipped gradients (no noise, not averaged).
+    norms: [N] per-unit gradient norms before clipping (N = B, or num_groups with group_ids); 0 for
+      masked-out units. Private: do not release without accounting.
+    loss: [B] per-example losses.
+    clip_factors: [N] factor applied to each unit's gradient (0 for masked-out units).
+    group_norms: [N, K] norms per parameter group for per-layer clipping (None when flat).
+    num_nonfinite: number of units whose loss or norm was not finite (their factor is 0).
+    sensitivity: L2 sensitivity of grad_sum w.r.t. adding/removing one unit (static).
+    """
+    grad_sum: Any
+    norms: jax.Array
+    loss: jax.Array
+    clip_factors: jax.Array
+    group_norms: jax.Array | None
+    num_nonfinite: jax.Array
+    sensitivity: float = flax.struct.field(pytree_node=False, default=0.0)
+    partition_labels: tuple = flax.struct.field(pytree_node=False, default=())
+
+
+def _is_concrete(x) -> bool:
+    return not isinstance(x, jax.core.Tracer)
+
+
+def _batch_size(batch) -> int:
+    leaves = jax.tree.leaves(batch)
+    if not leaves:
+        raise ValueError("batch must contain at least one array with a leading batch axis")
+    sizes = {int(np.shape(x)[0]) if np.ndim(x) > 0 else None for x in leaves}
+    if None in sizes:
+        raise ValueError("every array in batch must have a leading batch axis; got a scalar")
+    if len(sizes) != 1:
+        raise ValueError(f"batch arrays have mismatched leading (batch) sizes {sorted(sizes)}")
+    B = sizes.pop()
+    if B < 1:
+        raise ValueError("batch is empty (batch size 0)")
+    return B
+
+
+def _partition(params, clip_partition) -> tuple[list[int], tuple]:
+    """Label index per flattened leaf and the ordered label tuple."""
+    paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+    if clip_partition is None:
+        return [0] * len(paths), ("all",)
+    if clip_partition == "per_layer":
+        labels = [jax.tree_util.keystr(p[:-1]) if len(p) > 1 else jax.tree_util.keystr(p) for p in paths]
+    elif callable(clip_partition):
+        labels = [clip_partition(p) for p in paths]
+    else:
+        labels = jax.tree.leaves(jax.tree.map(lambda _, lab: lab, params, clip_partition))
+        if len(labels) != len(paths):
+            raise ValueError("clip_partition must be a pytree of labels with the structure of params")
+    order = tuple(dict.fromkeys(labels))
+    return [order.index(lab) for lab in labels], order
+
+
+def _clip_values(l2_clip, labels: tuple) -> np.ndarray:
+    if isinstance(l2_clip, Mapping):
+        missing = [lab for lab in labels if lab not in l2_clip]
+        if missing:
+            raise ValueError(f"l2_clip has no threshold for parameter groups {missing}")
+        return np.array([check_positive(l2_clip[lab], f"l2_clip[{lab!r}]") for lab in labels], np.float64)
+    C = check_positive(l2_clip, "l2_clip")
+    return np.full(len(labels), C / math.sqrt(len(labels)))
+
+
+def _site_contribs(plan, leaves, records, tap_grads, contribs):
+    """Turns recorded inputs and output gradients of each site into factored leaf contributions."""
+    for k in sorted(plan.allowed):
+        site = plan.sites[k]
+        x, g = records[k], tap_grads[k]
+        B = g.shape[0]
+        pid = dict(zip(site.param_names, site.leaf_ids))
+        if site.kind == "dense":
+            nd = len(site.in_shape)
+            others = [i for i in range(nd) if i not in site.axis]
+            p = int(math.prod(site.in_shape[i] for i in site.axis))
+            a = jnp.transpose(x, [0] + [1 + i for i in others] + [1 + i for i in site.axis]).reshape(B, -1, p)
+            T = a.shape[1]
+            gf = g.reshape(B, T, -1)
+            kid = pid["kernel"]
+            contribs[kid].pq = (p, gf.shape[2])
+            contribs[kid].mats.append((a.astype(jnp.float32), gf.astype(jnp.float32)))
+            if "bias" in pid:
+                contribs[pid["bias"]].insts.append(jnp.sum(gf, axis=1).astype(jnp.float32))
+        elif site.kind == "lookup":
+            eid = pid["embedding"]
+            M, d = np.shape(leaves[eid])
+            ids = x.reshape(B, -1).astype(jnp.int32)
+            R = g.reshape(B, ids.shape[1], d).astype(jnp.float32)
+            valid = (ids >= 0) & (ids < M)   # out-of-range lookups get no gradient in jnp.take
+            R = jnp.where(valid[..., None], R, 0.0)
+            contribs[eid].pq = (M, d)
+            contribs[eid].lookups.append((jnp.clip(ids, 0, M - 1), R))
+        elif site.kind == "attend":
+            eid = pid["embedding"]
+            M, d = np.shape(leaves[eid])
+            H = x.reshape(B, -1, d).astype(jnp.float32)
+            G = g.reshape(B, H.shape[1], M).astype(jnp.float32)
+            contribs[eid].pq = (M, d)
+            contribs[eid].mats.append((G, H))
+        else:  # local: per-example VJP of the (small) layer itself
+            own = {n: leaves[i] for n, i in pid.items()}
+
+            def one(xb, gb, own=own, site=site):
+                _, vjp = jax.vjp(lambda p: site.module.apply({"params": p}, xb, method=site.method), own)
+                return vjp(gb)[0]
+
+            per = jax.vmap(one)(x, g)
+            for n, i in pid.items():
+                contribs[i].insts.append(per[n].reshape(B, -1).astype(jnp.float32))
+
+
+def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: Any, *,
+                 l2_clip: float | Mapping[Any, float], mask: jax.Array | None = None,
+                 method: str = "auto", normalize: bool = False, group_ids: jax.Array | None = None,
+                 num_groups: int | None = None, clip_partition: Any = None,
+                 memory_limit: int = DEFAULT_MEMORY_LIMIT) -> ClippedGrad:
+    """Sum of per-example (or per-group) clipped gradients, exactly, without B x params memory.
+
+    Args:
+      loss_fn: loss_fn(params, batch) -> per-example losses [B]. It is evaluated one example at a time
+        (a batch of size 1, under jax.vmap), so every unit's gradient is exactly its own; for per-example
+        dropout put a per-example PRNG key into `batch`. May apply any flax.linen module inside.
+      params: pytree of float arrays (the trainable parameters).
+      batch: pytree of arrays with a common leading axis B.
+      l2_clip: clipping threshold C > 0 (or {label: C_k} with `clip_partition`).
+      mask: [B] bool/0-1, False for padding examples (static-shape Poisson batches).
+      method: "auto" (= "bk"), "ghost", "ghost-two-pass" or "vmap" (reference).
+      normalize: normalised clipping g * C/||g|| instead of g * min(1, C/||g||).
+      group_ids: [B] ints in [0, num_groups): examples of one unit (user) are clipped together.
+      num_groups: number of units (static); default B.
+      clip_partition: None (flat), "per_layer" (one group per module), a callable(key_path) -> label,
+        or a pytree of labels like params. A float l2_clip is split equally (C/sqrt(K) per group).
+      memory_limit: bytes allowed for instantiated per-example gradients of one leaf (chunked beyond).
+
+    Unit of privacy: one example (or one group_ids unit); neighbouring relation add/remove one unit.
+    Returns a ClippedGrad; grad_sum has L2 sensitivity `sensitivity`.
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    B = _batch_size(batch)
+    leaves, treedef = jax.tree.flatten(params)
+    if not leaves:
+        raise ValueError("params is empty")
+    for x in leaves:
+        if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
+            raise ValueError("params must contain only floating-point arrays")
+    leaf_label, labels = _partition(params, clip_partition)
+    Cs = _clip_values(l2_clip, labels)
+    sensitivity = float(np.sqrt(np.sum(Cs ** 2)))
+
+    if mask is None:
+        w = jnp.ones((B,), jnp.float32)
+    else:
+        mask = jnp.asarray(mask)
+        if mask.shape != (B,):
+            raise ValueError(f"mask must have shape ({B},) like the batch, got {mask.shape}")
+        w = mask.astype(jnp.float32)
+    if group_ids is not None:
+        group_ids = jnp.asarray(group_ids)
+        if group_ids.shape != (B,) or not jnp.issubdtype(group_ids.dtype, jnp.integer):
+            raise ValueError(f"group_ids must be an integer array of shape ({B},), got "
+                             f"{group_ids.dtype}{tuple(group_ids.shape)}")
+        N = B if num_groups is None else int(num_groups)
+        if N < 1:
+            raise ValueError(f"num_groups must be >= 1, got {num_groups}")
+        if _is_concrete(group_ids) and (np.asarray(group_ids).min() < 0 or np.asarray(group_ids).max() >= N):
+            raise ValueError(f"group_ids must lie in [0, num_groups={N})")
+    else:
+        N = B
+
+    def per_example_loss(p, ex):
+        return loss_fn(p, ex)
+
+    example = jax.tree.map(lambda x: jax.ShapeDtypeStruct((1,) + tuple(np.shape(x)[1:]), jnp.result_type(x)),
+                           batch)
+    plan = _taps.discover(per_example_loss, leaves, treedef, example, use_taps=(method != "vmap"))
+    if plan.loss_shape != (1,):
+        raise ValueError(f"loss_fn must return per-example losses of shape [B]; for a batch of 1 it "
+                         f"returned shape {plan.loss_shape}")
+
+    def pe(ex):
+        ex1 = jax.tree.map(lambda x: x[None], ex)
+        return _taps.run_per_example(per_example_loss, plan, leaves, treedef, ex1)
+
+    losses, records, tap_grads, fb_grads = jax.vmap(pe)(batch)
+
+    # Factored per-example gradients of every used leaf.
+    contribs = {i: _norms.LeafContribs(tuple(np.shape(leaves[i]))) for i in range(len(leaves))}
+    _site_contribs(plan, leaves, records, tap_grads, contribs)
+    for i, g in zip(plan.fallback, fb_grads):
+        contribs[i].insts.append(g.reshape(B, -1).astype(jnp.float32))
+    mth = "ghost" if method == "ghost" else "auto"
+
+    # Squared norms per parameter group k, per unit n.
+    K = len(labels)
+    finite_loss = jnp.isfinite(losses)
+    if group_ids is None:
+        sq = [jnp.zeros((B,), jnp.float32) for _ in range(K)]
+        for i, c in contribs.items():
+            if c.mats or c.lookups or c.insts:
+                sq[leaf_label[i]] = sq[leaf_label[i]] + _norms.sq_norms_diag(c, mth, memory_limit)
+        sq = jnp.stack(sq, axis=1)                                   # [B, K]
+        unit_w = w
+        unit_finite = finite_loss
+    else:
+        A = jax.nn.one_hot(group_ids, N, dtype=jnp.float32).T * w[None, :]   # [N, B]
+        sq = [jnp.zeros((N,), jnp.float32) for _ in range(K)]
+        for i, c in contribs.items():
+            if c.mats or c.lookups or c.insts:
+                Kb = _norms.sq_norms_pairs(c, mth)
+                sq[leaf_label[i]] = sq[leaf_label[i]] + jnp.einsum("nb,bc,nc->n", A, Kb, A)
+        sq = jnp.stack(sq, axis=1)                                   # [N, K]
+        unit_w = (jnp.sum(A, axis=1) > 0).astype(jnp.float32)
+        bad = ((~finite_loss) & (w > 0)).astype(jnp.float32)
+        unit_finite = jnp.zeros((N,), jnp.float32).at[group_ids].max(bad) == 0
+    gnorms = jnp.sqrt(jnp.maximum(sq, 0.0))
+    finite = unit_finite & jnp.all(jnp.isfinite(gnorms), axis=1)
+    Cs_j = jnp.asarray(Cs, jnp.float32)[None, :]
+    safe = jnp.where(jnp.isfinite(gnorms), gnorms, 1.0)
+    if normalize:
+        factors = Cs_j / jnp.maximum(safe, 1e-12)
+    else:
+        factors = jnp.minimum(1.0, Cs_j / jnp.maximum(safe, 1e-12))
+    factors = factors * (unit_w * finite)[:, None]                   # [N, K]
+    gnorms = gnorms * unit_w[:, None]
+    total_norms = jnp.sqrt(jnp.sum(jnp.where(jnp.isfinite(gnorms), gnorms, 0.0) ** 2, axis=1))
+    total_norms = jnp.where(finite | (unit_w == 0), total_norms, jnp.inf)
+    num_nonfinite = jnp.sum((~finite) & (unit_w > 0))
+
+    # Per-example weights per group.
+    ex_factors = factors if group_ids is None else factors[group_ids] * w[:, None]   # [B, K]
+
+    if method == "ghost-two-pass":
+        def weighted(p):
+            lv = jax.vmap(lambda ex: jnp.reshape(loss_fn(p, jax.tree.map(lambda x: x[None], ex)), ()))(batch)
+            return lv
+
+        if K == 1:
+            grad_sum = jax.grad(lambda p: jnp.dot(jax.lax.stop_gradient(ex_factors[:, 0]), weighted(p)))(params)
+        else:
+            # one backward per parameter group, keeping that group's leaves
+            out = [None] * len(leaves)
+            for k in range(K):
+                gk = jax.grad(lambda p, k=k: jnp.dot(jax.lax.stop_gradient(ex_factors[:, k]), weighted(p)))(params)
+                for i, x in enumerate(jax.tree.leaves(gk)):
+                    if leaf_label[i] == k:
+                        out[i] = x
+            grad_sum = jax.tree.unflatten(treedef, out)
+    else:
+        out = []
+        for i, x in enumerate(leaves):
+            c = contribs[i]
+            if c.mats or c.lookups or c.insts:
+                out.append(_norms.clipped_sum(c, ex_factors[:, leaf_label[i]]).astype(jnp.result_type(x)))
+            else:
+                out.append(jnp.zeros(np.shape(x), jnp.result_type(x)))
+        grad_sum = jax.tree.unflatten(treedef, out)
+
+    result = ClippedGrad(
+        grad_sum=grad_sum, norms=total_norms, loss=losses, clip_factors=factors[:, 0] if K == 1 else factors,
+        group_norms=None if K == 1 else gnorms, num_nonfinite=num_nonfinite,
+        sensitivity=sensitivity, partition_labels=labels)
+    if all(_is_concrete(x) for x in jax.tree.leaves((params, batch, mask))) and int(num_nonfinite) > 0:
+        raise ValueError(f"loss_fn produced a non-finite loss or gradient norm for {int(num_nonfinite)} "
+                         "unit(s) of the batch")
+    return result
+
+
+def per_example_grads_reference(loss_fn: Callable, params: Any, batch: Any) -> Any:
+    """NON-PRIVATE reference: per-example gradients [B, ...] by vmap(grad) (B x params memory)."""
+    def one(ex):
+        return jax.grad(lambda p: jnp.reshape(loss_fn(p, jax.tree.map(lambda x: x[None], ex)), ()))(params)
+    return jax.vmap(one)(batch)
+
+
+def explain(loss_fn: Callable, params: Any, batch: Any, method: str = "auto") -> list[dict]:
+    """Human-readable tapping plan: each site (layer, method, kind) and which parameters fall back."""
+    leaves, treedef = jax.tree.flatten(params)
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+    example = jax.tree.map(lambda x: jax.ShapeDtypeStruct((1,) + tuple(np.shape(x)[1:]), jnp.result_type(x)),
+                           batch)
+    plan = _taps.discover(loss_fn, leaves, treedef, example, use_taps=(method != "vmap"))
+    rows = [{"site": s.index, "layer": type(s.module).__name__, "method": s.method, "kind": s.kind,
+             "tapped": s.index in plan.allowed, "params": [paths[i] for i in s.leaf_ids]} for s in plan.sites]
+    rows.append({"fallback": [paths[i] for i in plan.fallback]})
+    return rows
+
+
+__all__ = ["ClippedGrad", "METHODS", "clipped_grad", "explain", "per_example_grads_reference"]

@@ -1,0 +1,172 @@
+"""Per-example gradient norms and clipped sums of one parameter from factored per-example gradients.
+
+A parameter W (viewed as a P x Q matrix) receives per-example gradient U_b = sum of contributions:
+  mat     (L [B,T,P], R [B,T,Q]):  U_b += L_b^T R_b      Dense kernel (L = inputs, R = output grads);
+                                                          Embed.attend (L = logit grads, R = queries)
+  lookup  (ids [B,T], R [B,T,Q]):  U_b += onehot(ids_b)^T R_b   Embed lookup (R = output grads)
+  inst    (U [B, P*Q]):            U_b += U                instantiated (bias, LayerNorm, fallback)
+Squared norms (Li et al. ghost clipping; DPFormer's Phantom clipping when a lookup and an attend site
+share W; cross-site terms are exact, never dropped):
+  ||sum_s L_s^T R_s||^2 = sum_{t,u} (L L^T)[t,u] (R R^T)[t,u]   with all mat sites concatenated on T
+  ||onehot^T R||^2      = sum_{t,u} [ids_t = ids_u] (R R^T)[t,u]
+  cross(lookup, mat)    = sum_{t,u} L[u, ids_t] <R_l[t], R_m[u]>   (the corrected Phantom cross term)
+The mat part is either ghosted (O(T^2 (P+Q))) or instantiated (O(T P Q), chunked over the batch to cap
+memory), whichever is cheaper ("mixed ghost" rule on cost).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass
+class LeafContribs:
+    """Per-example gradient of one parameter leaf in factored form (all arrays lead with B)."""
+    shape: tuple[int, ...]
+    pq: tuple[int, int] | None = None
+    mats: list = dataclasses.field(default_factory=list)      # (L [B,T,P], R [B,T,Q])
+    lookups: list = dataclasses.field(default_factory=list)   # (ids [B,T] int, R [B,T,Q])
+    insts: list = dataclasses.field(default_factory=list)     # U [B, size]
+
+
+def _cat(xs, axis=1):
+    return xs[0] if len(xs) == 1 else jnp.concatenate(xs, axis=axis)
+
+
+def _gather_cols(L, ids):
+    """L [B,Tm,P], ids [B,Tl] -> [B,Tm,Tl] with out[b,u,t] = L[b,u,ids[b,t]]."""
+    B, Tm, _ = L.shape
+    idx = jnp.broadcast_to(ids[:, None, :], (B, Tm, ids.shape[1]))
+    return jnp.take_along_axis(L, idx, axis=2)
+
+
+def choose_instantiate(c: LeafContribs, method: str) -> bool:
+    """Mixed rule: instantiate the mat part when its FLOP cost is below the ghost cost."""
+    if not c.mats:
+        return False
+    if method == "ghost":
+        return False
+    if c.insts:
+        return True  # needed to combine exactly with instantiated terms
+    P, Q = c.pq
+    T = sum(L.shape[1] for L, _ in c.mats)
+    return T * P * Q < T * T * (P + Q)
+
+
+def _chunk_size(B: int, P: int, Q: int, memory_limit: int) -> int:
+    return int(max(1, min(B, memory_limit // max(1, 4 * P * Q))))
+
+
+def sq_norms_diag(c: LeafContribs, method: str, memory_limit: int) -> jax.Array:
+    """Per-example squared norms [B] of one leaf's gradient."""
+    n2 = 0.0
+    inst_mat = choose_instantiate(c, method)
+    R_l = ids = None
+    if c.lookups:
+        ids = _cat([i for i, _ in c.lookups])
+        R_l = _cat([r for _, r in c.lookups])
+        eq = (ids[:, :, None] == ids[:, None, :]).astype(R_l.dtype)
+        n2 = n2 + jnp.einsum("btu,btq,buq->b", eq, R_l, R_l)
+    if c.mats and not inst_mat:
+        L = _cat([l for l, _ in c.mats])
+        R = _cat([r for _, r in c.mats])
+        gl = jnp.einsum("btp,bup->btu", L, L)
+        gr = jnp.einsum("btq,buq->btu", R, R)
+        n2 = n2 + jnp.sum(gl * gr, axis=(1, 2))
+        if c.lookups:
+            cols = _gather_cols(L, ids)                       # [B, Tm, Tl]
+            n2 = n2 + 2.0 * jnp.einsum("but,btq,buq->b", cols, R_l, R)
+    if inst_mat or c.insts:
+        P, Q = c.pq if c.pq is not None else (1, int(math.prod(c.shape)))
+        B = (c.mats[0][0] if c.mats else c.insts[0]).shape[0]
+        chunk = _chunk_size(B, P, Q, memory_limit)
+
+        def one(args):
+            mats, insts, lk = args
+            U = 0.0
+            for L, R in mats:
+                U = U + jnp.einsum("btp,btq->bpq", L, R)
+            for u in insts:
+                U = U + u.reshape(u.shape[0], P, Q)
+            out = jnp.sum(U * U, axis=(1, 2))
+            if lk is not None:
+                lids, lR = lk
+                rows = jnp.take_along_axis(U, lids[:, :, None], axis=1)   # [b, Tl, Q]
+                out = out + 2.0 * jnp.sum(rows * lR, axis=(1, 2))
+            return out
+
+        lk = (ids, R_l) if c.lookups else None
+        args = (list(c.mats), list(c.insts), lk)
+        if chunk >= B:
+            n2 = n2 + one(args)
+        else:
+            nb = -(-B // chunk)
+            pad = nb * chunk - B
+
+            def split(x):
+                x = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1))
+                return x.reshape((nb, chunk) + x.shape[1:])
+
+            n2 = n2 + jax.lax.map(one, jax.tree.map(split, args)).reshape(-1)[:B]
+    return n2
+
+
+def sq_norms_pairs(c: LeafContribs, method: str) -> jax.Array:
+    """Cross-example inner products K[b, c] = <U_b, U_c> [B, B] (for user-level / group clipping)."""
+    inst_mat = choose_instantiate(c, method)
+    K = 0.0
+    R_l = ids = None
+    U = None
+    if inst_mat or c.insts:
+        P, Q = c.pq if c.pq is not None else (1, int(math.prod(c.shape)))
+        U = 0.0
+        for L, R in c.mats:
+            U = U + jnp.einsum("btp,btq->bpq", L, R)
+        for u in c.insts:
+            U = U + u.reshape(u.shape[0], P, Q)
+        K = K + jnp.einsum("bpq,cpq->bc", U, U)
+    if c.lookups:
+        ids = _cat([i for i, _ in c.lookups])
+        R_l = _cat([r for _, r in c.lookups])
+        eq = (ids[:, :, None, None] == ids[None, None, :, :]).astype(R_l.dtype)   # [B,T,C,U]
+        K = K + jnp.einsum("btcu,btq,cuq->bc", eq, R_l, R_l)
+        if U is not None:
+            rows = jnp.take(U, ids, axis=1)                     # [C, B, T, Q] = U[c, ids[b,t]]
+            x = jnp.einsum("cbtq,btq->bc", rows, R_l)
+            K = K + x + x.T
+    if c.mats and not inst_mat:
+        L = _cat([l for l, _ in c.mats])
+        R = _cat([r for _, r in c.mats])
+        gl = jnp.einsum("btp,cup->btcu", L, L)
+        gr = jnp.einsum("btq,cuq->btcu", R, R)
+        K = K + jnp.einsum("btcu,btcu->bc", gl, gr)
+        if c.lookups:
+            cols = jnp.take(L, ids, axis=2)                     # [C, U, B, T] = L[c, u, ids[b,t]]
+            x = jnp.einsum("cubt,btq,cuq->bc", cols, R_l, R)
+            K = K + x + x.T
+    return K
+
+
+def clipped_sum(c: LeafContribs, weights: jax.Array) -> jax.Array:
+    """sum_b weights_b U_b, shaped like the leaf (book-keeping: no second backward)."""
+    P, Q = c.pq if c.pq is not None else (1, int(math.prod(c.shape)))
+    out = jnp.zeros((P, Q), jnp.float32)
+    for L, R in c.mats:
+        # scale the smaller factor (for Embed.attend, L holds the [B,T,vocab] logit gradients)
+        if P >= Q:
+            out = out + jnp.einsum("btp,btq->pq", L, R * weights[:, None, None].astype(R.dtype))
+        else:
+            out = out + jnp.einsum("btp,btq->pq", L * weights[:, None, None].astype(L.dtype), R)
+    for ids, R in c.lookups:
+        wR = (R * weights[:, None, None].astype(R.dtype)).reshape(-1, Q)
+        out = out.at[ids.reshape(-1)].add(wR, mode="drop")
+    for u in c.insts:
+        out = out + jnp.einsum("b,bk->k", weights.astype(u.dtype), u).reshape(P, Q)
+    return out.reshape(c.shape)
+
+
+__all__ = ["LeafContribs", "choose_instantiate", "sq_norms_diag", "sq_norms_pairs", "clipped_sum"]

@@ -1,0 +1,312 @@
+"""clipped_grad equals the per-example vmap(grad) reference (float32, rel. err <= 1e-4)."""
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jdp.clipping as jc
+
+TOL = 1e-4
+
+
+# ------------------------------------------------------------------------------------------ models
+class MLP(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        h = nn.relu(nn.Dense(16)(x))
+        h = nn.tanh(nn.Dense(8)(h))
+        return nn.Dense(3)(h)
+
+
+class Transformer(nn.Module):
+    vocab: int = 30
+    dim: int = 8
+    max_len: int = 12
+    tied: bool = True
+
+    @nn.compact
+    def __call__(self, ids):
+        emb = nn.Embed(self.vocab, self.dim)
+        h = emb(ids) + nn.Embed(self.max_len, self.dim)(jnp.arange(ids.shape[1]))[None]
+        for _ in range(2):
+            y = nn.LayerNorm()(h)
+            h = h + nn.MultiHeadDotProductAttention(num_heads=2)(y, mask=nn.make_causal_mask(ids))
+            y = nn.LayerNorm()(h)
+            h = h + nn.Dense(self.dim)(nn.gelu(nn.Dense(2 * self.dim)(y)))
+        h = nn.LayerNorm()(h)
+        return emb.attend(h) if self.tied else nn.Dense(self.vocab)(h)
+
+
+class RNN(nn.Module):
+    cell: str = "gru"
+    scan: bool = True
+
+    @nn.compact
+    def __call__(self, ids):
+        emb = nn.Embed(20, 6)
+        h = emb(ids)
+        cell = nn.GRUCell(8) if self.cell == "gru" else nn.OptimizedLSTMCell(8)
+        if self.scan:
+            h = nn.RNN(cell)(h)
+        else:  # unrolled: the cell's Dense kernels are shared by every time step (cross-site terms)
+            carry = cell.initialize_carry(jax.random.PRNGKey(0), h[:, 0].shape)
+            outs = []
+            for t in range(h.shape[1]):
+                carry, o = cell(carry, h[:, t])
+                outs.append(o)
+            h = jnp.stack(outs, 1)
+        return emb.attend(nn.Dense(6)(h))
+
+
+class Custom(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        s = self.param("scale", nn.initializers.ones, (x.shape[-1],))
+        return x * s + jnp.sin(x)
+
+
+class SharedMLP(nn.Module):
+    """One Dense module applied at two different places + a custom (unrecognised) layer."""
+
+    @nn.compact
+    def __call__(self, x):
+        shared = nn.Dense(5, name="shared")
+        h = nn.relu(shared(nn.Dense(5)(x)))
+        h = Custom()(h)
+        return nn.Dense(3)(shared(h))
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def xent(model, seq=False):
+    def loss_fn(p, b):
+        lp = jax.nn.log_softmax(model.apply({"params": p}, b["x"]))
+        nll = -jnp.take_along_axis(lp, b["y"][..., None], -1)[..., 0]
+        return nll.reshape(nll.shape[0], -1).sum(-1)
+    return loss_fn
+
+
+def seq_batch(B, L, vocab, seed=0, pad_id=None):
+    k1, k2 = jax.random.split(jax.random.PRNGKey(seed))
+    x = jax.random.randint(k1, (B, L), 0, min(vocab, 6))   # few distinct ids: repeated tokens
+    if pad_id is not None:
+        x = x.at[0, :3].set(pad_id)
+    y = jax.random.randint(k2, (B, L), 0, vocab)
+    return {"x": x, "y": y}
+
+
+_PER_EXAMPLE = {}
+
+
+def per_example(loss_fn, params, batch):
+    key = (loss_fn, id(params), id(batch))
+    if key not in _PER_EXAMPLE:
+        per = jax.jit(functools.partial(jc.per_example_grads_reference, loss_fn))(params, batch)
+        _PER_EXAMPLE[key] = (params, batch, [np.asarray(x, np.float64) for x in jax.tree.leaves(per)])
+    return _PER_EXAMPLE[key][2]
+
+
+def reference(loss_fn, params, batch, C, mask=None, group_ids=None, num_groups=None, normalize=False,
+              labels=None, Cs=None):
+    """Per-example grads by vmap(grad), then clip in numpy."""
+    leaves = per_example(loss_fn, params, batch)
+    B = leaves[0].shape[0]
+    w = np.ones(B) if mask is None else np.asarray(mask, np.float64)
+    if group_ids is None:
+        A = np.diag(w)
+    else:
+        A = np.zeros((num_groups, B))
+        A[np.asarray(group_ids), np.arange(B)] = w
+    units = [np.tensordot(A, x, axes=1) for x in leaves]          # per-unit gradients
+    labels = [0] * len(units) if labels is None else labels
+    K = max(labels) + 1
+    Cs = [C / np.sqrt(K)] * K if Cs is None else Cs
+    gn = np.zeros((A.shape[0], K))
+    for u, lab in zip(units, labels):
+        gn[:, lab] += (u.reshape(u.shape[0], -1) ** 2).sum(1)
+    gn = np.sqrt(gn)
+    if normalize:
+        f = np.array(Cs)[None] / np.maximum(gn, 1e-12)
+    else:
+        f = np.minimum(1.0, np.array(Cs)[None] / np.maximum(gn, 1e-12))
+    f = f * (A.sum(1) > 0)[:, None]
+    out = [np.tensordot(f[:, lab], u, axes=1) for u, lab in zip(units, labels)]
+    norms = np.sqrt((gn ** 2).sum(1)) * (A.sum(1) > 0)
+    return out, norms
+
+
+def check(cg, ref_sum, ref_norms):
+    got = [np.asarray(x, np.float64) for x in jax.tree.leaves(cg.grad_sum)]
+    diff = np.sqrt(sum(((a - b) ** 2).sum() for a, b in zip(got, ref_sum)))
+    scale = np.sqrt(sum((b ** 2).sum() for b in ref_sum))
+    assert scale > 0
+    assert diff / scale <= TOL, diff / scale
+    for a, b in zip(got, ref_sum):   # every leaf, relative to the global scale
+        assert np.abs(a - b).max() <= TOL * scale
+    np.testing.assert_allclose(np.asarray(cg.norms), ref_norms, rtol=TOL, atol=1e-6)
+
+
+def run(loss_fn, params, batch, **kw):
+    fn = jax.jit(functools.partial(jc.clipped_grad, loss_fn, **kw))
+    return fn(params, batch)
+
+
+# ------------------------------------------------------------------------------------------ tests
+def test_mlp_all_methods():
+    model = MLP()
+    x = jax.random.normal(jax.random.PRNGKey(0), (6, 7))
+    batch = {"x": x, "y": jnp.array([0, 1, 2, 0, 1, 2])}
+    params = model.init(jax.random.PRNGKey(1), x)["params"]
+    loss_fn = xent(model)
+    C = float(np.median(reference(loss_fn, params, batch, 1e6)[1]))        # half the examples get clipped
+    ref_sum, ref_norms = reference(loss_fn, params, batch, C)
+    for method in ("auto", "ghost", "ghost-two-pass", "vmap"):
+        check(run(loss_fn, params, batch, l2_clip=C, method=method), ref_sum, ref_norms)
+    assert jc.explain(loss_fn, params, batch)[-1] == {"fallback": []}
+
+
+@pytest.mark.parametrize("cfg", [
+    dict(vocab=30, dim=8, L=6, memory_limit=1 << 30),   # Phantom: lookup + ghosted attend (cross by gather)
+    dict(vocab=10, dim=4, L=12, memory_limit=2000),     # lookup + instantiated attend, chunked over batch
+])
+def test_tied_transformer(cfg):
+    model = Transformer(vocab=cfg["vocab"], dim=cfg["dim"], max_len=cfg["L"], tied=True)
+    batch = seq_batch(5, cfg["L"], cfg["vocab"], pad_id=0)
+    params = model.init(jax.random.PRNGKey(1), batch["x"])["params"]
+    loss_fn = xent(model)
+    mask = jnp.array([True, True, False, True, True])
+    C = 0.5 * float(np.median(reference(loss_fn, params, batch, 1e6)[1]))
+    ref_sum, ref_norms = reference(loss_fn, params, batch, C, mask=mask)
+    check(run(loss_fn, params, batch, l2_clip=C, mask=mask, memory_limit=cfg["memory_limit"]), ref_sum, ref_norms)
+    # user-level: examples 0,3 and 1,4 belong to the same user; example 2 is padding
+    gids = jnp.array([0, 1, 2, 0, 1])
+    ref_sum, ref_norms = reference(loss_fn, params, batch, C, mask=mask, group_ids=gids, num_groups=3)
+    check(run(loss_fn, params, batch, l2_clip=C, mask=mask, group_ids=gids, num_groups=3), ref_sum, ref_norms)
+    plan = jc.explain(loss_fn, params, batch)
+    assert plan[-1] == {"fallback": []}
+    assert [r["method"] for r in plan[:-1] if r.get("layer") == "Embed"].count("attend") == 1
+
+
+def test_untied_transformer_two_pass():
+    model = Transformer(tied=False)
+    batch = seq_batch(4, 6, 30, seed=3)
+    params = model.init(jax.random.PRNGKey(2), batch["x"])["params"]
+    loss_fn = xent(model)
+    C = 0.5 * float(np.median(reference(loss_fn, params, batch, 1e6)[1]))
+    ref_sum, ref_norms = reference(loss_fn, params, batch, C)
+    check(run(loss_fn, params, batch, l2_clip=C), ref_sum, ref_norms)
+    check(run(loss_fn, params, batch, l2_clip=C, method="ghost-two-pass"), ref_sum, ref_norms)
+
+
+@pytest.mark.parametrize("cell,scan,fallback", [("gru", True, True), ("lstm", True, True), ("gru", False, False)])
+def test_recurrent(cell, scan, fallback):
+    model = RNN(cell, scan)
+    batch = seq_batch(4, 5, 20, seed=1)
+    params = model.init(jax.random.PRNGKey(0), batch["x"])["params"]
+    loss_fn = xent(model)
+    C = float(np.median(reference(loss_fn, params, batch, 1e6)[1]))
+    ref_sum, ref_norms = reference(loss_fn, params, batch, C)
+    check(run(loss_fn, params, batch, l2_clip=C), ref_sum, ref_norms)
+    fb = jc.explain(loss_fn, params, batch)[-1]["fallback"]
+    assert bool(fb) == fallback
+    assert all("Cell" in p for p in fb)    # the embedding and output layer stay tapped
+
+
+def test_custom_layer_and_shared_parameter():
+    model = SharedMLP()
+    x = jax.random.normal(jax.random.PRNGKey(3), (6, 7))
+    batch = {"x": x, "y": jnp.array([0, 1, 2, 2, 1, 0])}
+    params = model.init(jax.random.PRNGKey(0), x)["params"]
+    loss_fn = xent(model)
+    C = float(np.median(reference(loss_fn, params, batch, 1e6)[1]))
+    ref_sum, ref_norms = reference(loss_fn, params, batch, C)
+    check(run(loss_fn, params, batch, l2_clip=C), ref_sum, ref_norms)
+    plan = jc.explain(loss_fn, params, batch)
+    assert plan[-1] == {"fallback": ["['Custom_0']['scale']"]}
+    shared_sites = [r for r in plan[:-1] if "['shared']['kernel']" in r["params"]]
+    assert len(shared_sites) == 2 and all(r["tapped"] for r in shared_sites)
+
+    # The same parameter also read outside any layer (an L2 penalty in the loss): must fall back.
+    def loss_reg(p, b):
+        return loss_fn(p, b) + 0.1 * jnp.sum(p["shared"]["kernel"] ** 2) * jnp.sum(b["x"] ** 2, axis=1)
+
+    ref_sum, ref_norms = reference(loss_reg, params, batch, C)
+    check(run(loss_reg, params, batch, l2_clip=C), ref_sum, ref_norms)
+    fb = jc.explain(loss_reg, params, batch)[-1]["fallback"]
+    assert "['shared']['kernel']" in fb and "['shared']['bias']" in fb
+
+
+def test_normalized_and_per_layer_clipping():
+    model = MLP()
+    x = jax.random.normal(jax.random.PRNGKey(4), (5, 7))
+    batch = {"x": x, "y": jnp.array([0, 1, 2, 0, 1])}
+    params = model.init(jax.random.PRNGKey(1), x)["params"]
+    loss_fn = xent(model)
+    ref_sum, ref_norms = reference(loss_fn, params, batch, 0.3, normalize=True)
+    cg = run(loss_fn, params, batch, l2_clip=0.3, normalize=True)
+    check(cg, ref_sum, ref_norms)
+    # every example contributes exactly norm C
+    per = per_example(loss_fn, params, batch)
+    clipped = np.sqrt(sum((g.reshape(5, -1) ** 2).sum(1) for g in per)) * np.asarray(cg.clip_factors)
+    np.testing.assert_allclose(clipped, 0.3, rtol=1e-5)
+    # per-layer: one group per Dense module, thresholds split equally
+    paths = [jax.tree_util.keystr(p[:-1]) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+    order = list(dict.fromkeys(paths))
+    labels = [order.index(p) for p in paths]
+    ref_sum, ref_norms = reference(loss_fn, params, batch, 0.3, labels=labels)
+    cg = run(loss_fn, params, batch, l2_clip=0.3, clip_partition="per_layer")
+    check(cg, ref_sum, ref_norms)
+    assert cg.group_norms.shape == (5, 3)
+    np.testing.assert_allclose(cg.sensitivity, 0.3, rtol=1e-6)
+    cg = run(loss_fn, params, batch, l2_clip={"['Dense_0']": 1.0, "['Dense_1']": 0.5, "['Dense_2']": 0.25},
+             clip_partition="per_layer")
+    ref_sum, ref_norms = reference(loss_fn, params, batch, None, labels=labels, Cs=[1.0, 0.5, 0.25])
+    check(cg, ref_sum, ref_norms)
+    np.testing.assert_allclose(cg.sensitivity, np.sqrt(1 + 0.25 + 0.0625), rtol=1e-6)
+
+
+def test_padding_mask_matches_subset():
+    model = MLP()
+    x = jax.random.normal(jax.random.PRNGKey(5), (6, 7))
+    batch = {"x": x, "y": jnp.array([0, 1, 2, 0, 1, 2])}
+    params = model.init(jax.random.PRNGKey(1), x)["params"]
+    loss_fn = xent(model)
+    keep = np.array([0, 2, 3])
+    mask = jnp.zeros(6, bool).at[keep].set(True)
+    padded = dict(batch, x=batch["x"].at[~mask].set(1e3))          # garbage (finite) padding rows
+    full = run(loss_fn, params, padded, l2_clip=0.1, mask=mask)
+    sub = run(loss_fn, params, jax.tree.map(lambda a: a[keep], batch), l2_clip=0.1)
+    for a, b in zip(jax.tree.leaves(full.grad_sum), jax.tree.leaves(sub.grad_sum)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    assert np.all(np.asarray(full.norms)[~np.asarray(mask)] == 0)
+    assert np.all(np.asarray(full.clip_factors)[~np.asarray(mask)] == 0)
+
+
+def test_bad_inputs():
+    model = MLP()
+    x = jax.random.normal(jax.random.PRNGKey(0), (4, 7))
+    batch = {"x": x, "y": jnp.array([0, 1, 2, 0])}
+    params = model.init(jax.random.PRNGKey(1), x)["params"]
+    loss_fn = xent(model)
+    for C in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="l2_clip"):
+            jc.clipped_grad(loss_fn, params, batch, l2_clip=C)
+    with pytest.raises(ValueError, match="mismatched"):
+        jc.clipped_grad(loss_fn, params, {"x": x, "y": jnp.array([0, 1, 2])}, l2_clip=1.0)
+    with pytest.raises(ValueError, match="mask"):
+        jc.clipped_grad(loss_fn, params, batch, l2_clip=1.0, mask=jnp.ones(3, bool))
+    with pytest.raises(ValueError, match="group_ids"):
+        jc.clipped_grad(loss_fn, params, batch, l2_clip=1.0, group_ids=jnp.array([0, 1, 5, 0]), num_groups=3)
+    with pytest.raises(ValueError, match="method"):
+        jc.clipped_grad(loss_fn, params, batch, l2_clip=1.0, method="fast")
+    with pytest.raises(ValueError, match="per-example losses"):
+        jc.clipped_grad(lambda p, b: jnp.sum(loss_fn(p, b)), params, batch, l2_clip=1.0)
+    with pytest.raises(ValueError, match="non-finite"):
+        jc.clipped_grad(lambda p, b: loss_fn(p, b) * jnp.where(b["y"] == 2, jnp.nan, 1.0), params, batch,
+                        l2_clip=1.0)
+    # under jit the flag is returned instead, and the bad example gets factor 0
+    cg = jax.jit(lambda p, b: jc.clipped_grad(
+        lambda p, b: loss_fn(p, b) * jnp.where(b["y"] == 2, jnp.inf, 1.0), p, b, l2_clip=1.0))(params, batch)
+    assert int(cg.num_nonfinite) == 1 and float(cg.clip_factors[2]) == 0.0
