@@ -20,8 +20,8 @@ class ClippedGrad(NamedTuple):
 
 
 def clipped_grad(loss_fn: Callable, params: Any, batch: dict, *, l2_clip: float, mask: jax.Array | None = None,
-                 method: str = "auto", micro_batch: int | None = None) -> ClippedGrad:
-    """Sum of per-example clipped gradients (exact, by vmap over examples)."""
+                 method: str = "auto", micro_batch: int | None = None, normalize: bool = False) -> ClippedGrad:
+    """Sum of per-example clipped gradients (exact, by vmap over examples); normalize: g·C/‖g‖."""
     del method
     B = jax.tree_util.tree_leaves(batch)[0].shape[0]
     mask = jnp.ones((B,), jnp.float32) if mask is None else mask.astype(jnp.float32)
@@ -40,7 +40,8 @@ def clipped_grad(loss_fn: Callable, params: Any, batch: dict, *, l2_clip: float,
         loss, g = per_ex(params, ex)
         sq = sum(jnp.sum(jnp.square(x), axis=tuple(range(1, x.ndim))) for x in jax.tree_util.tree_leaves(g))
         norm = jnp.sqrt(sq)
-        c = jnp.minimum(1.0, l2_clip / jnp.maximum(norm, 1e-12)) * m
+        c = l2_clip / jnp.maximum(norm, 1e-12)
+        c = (c if normalize else jnp.minimum(1.0, c)) * m
         acc = jax.tree_util.tree_map(lambda a, x: a + jnp.tensordot(c, x, axes=1), acc, g)
         return acc, (norm * m, loss * m)
 

@@ -47,6 +47,8 @@ class TrainConfig:
     warmup_frac: float = 0.2
     weight_decay: float = 1e-5
     l2_clip: float = 1.0
+    normalize: bool = False           # normalised clipping g·C/‖g‖ (the paper's choice) instead of min(1, C/‖g‖)
+    clipping: str = "engine"          # "engine" (jdp.clipping when installed) or "vmap" (exact fallback)
     d: int = 64
     heads: int = 1
     blocks: int = 2
@@ -74,6 +76,8 @@ class TrainConfig:
         for name in ("batch_size", "physical_batch", "micro_batch", "d", "heads", "blocks", "eval_chunk"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.clipping not in ("engine", "vmap"):
+            raise ValueError(f"clipping must be 'engine' or 'vmap', got {self.clipping!r}")
         if self.physical_batch % self.micro_batch:
             raise ValueError("physical_batch must be a multiple of micro_batch")
 
@@ -166,7 +170,7 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     opt = optax.adamw(lr_schedule(cfg.lr, steps, cfg.warmup_frac), weight_decay=cfg.weight_decay)
     opt_state = opt.init(params)
     loss_fn = make_loss_fn(model, reatt)
-    engine = get_clipped_grad()
+    engine = get_clipped_grad() if cfg.clipping == "engine" else fallback_clipped_grad
     P = cfg.physical_batch
 
     @jax.jit
@@ -176,9 +180,10 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
             loss, g = jax.value_and_grad(lambda p: jnp.sum(loss_fn(p, batch) * mask))(params)
             return jax.tree_util.tree_map(jnp.add, acc, g), loss
         if engine is fallback_clipped_grad:
-            res = engine(loss_fn, params, batch, l2_clip=cfg.l2_clip, mask=mask, micro_batch=cfg.micro_batch)
+            res = engine(loss_fn, params, batch, l2_clip=cfg.l2_clip, mask=mask, micro_batch=cfg.micro_batch,
+                         normalize=cfg.normalize)
         else:
-            res = engine(loss_fn, params, batch, l2_clip=cfg.l2_clip, mask=mask)
+            res = engine(loss_fn, params, batch, l2_clip=cfg.l2_clip, mask=mask, normalize=cfg.normalize)
         return jax.tree_util.tree_map(jnp.add, acc, res.grad_sum), jnp.sum(res.loss * mask)
 
     @jax.jit
