@@ -89,8 +89,12 @@ def main(argv=None) -> int:
     ap.add_argument("--clipping", default="vmap", choices=["engine", "vmap"],
                     help="vmap: exact fallback, measured faster than the engine at these shapes on CPU")
     ap.add_argument("--name", default="amazon_eps8")
+    ap.add_argument("--from-partial", action="store_true",
+                    help="finalise results from the rows already written by an interrupted run")
     args = ap.parse_args(argv)
     logging.getLogger("absl").setLevel(logging.ERROR)
+    if args.from_partial:
+        return finalise_partial(args)
 
     root = pathlib.Path(__file__).resolve().parents[1]
     d = data_mod.load(args.data, path=args.data_path, maxlen=args.maxlen, datasets_dir=root.parent / "shared" / "datasets")
@@ -130,6 +134,19 @@ def main(argv=None) -> int:
     (RESULTS_DIR / f"{out_name}.md").write_text(table(rows, args.data) + "\n")
     partial.unlink(missing_ok=True)
     print(table(rows, args.data))
+    return 0
+
+
+def finalise_partial(args) -> int:
+    out_name = f"seqrec_{args.name}"
+    partial = RESULTS_DIR / f"{out_name}.partial.jsonl"
+    rows = [json.loads(line) for line in partial.read_text().splitlines() if line.strip()]
+    protocol = {**rows[0]["config"], "evaluation": "full ranking over all items, padding excluded, history not masked",
+                "tuning": "none (fixed hyper-parameters chosen before any run)",
+                "note": "finalised from the rows of an interrupted run (time limit)"}
+    write_results(out_name, rows, protocol=protocol, table=table(rows, rows[0]["data"]))
+    (RESULTS_DIR / f"{out_name}.md").write_text(table(rows, rows[0]["data"]) + "\n")
+    print(table(rows, rows[0]["data"]))
     return 0
 
 
