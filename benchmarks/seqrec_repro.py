@@ -130,11 +130,16 @@ def main(argv=None) -> int:
                 "evaluation": "full ranking over all items, padding excluded, history not masked",
                 "tuning": "none (fixed hyper-parameters chosen before any run)",
                 "reduced": "paper: 100 epochs + lr/batch grid on GPU; here: see epochs/batch_size"}
-    write_results(out_name, rows, protocol=protocol, table=table(rows, args.data))
+    write_results(out_name, rows, command=_command(argv), protocol=protocol, table=table(rows, args.data))
     (RESULTS_DIR / f"{out_name}.md").write_text(table(rows, args.data) + "\n")
     partial.unlink(missing_ok=True)
     print(table(rows, args.data))
     return 0
+
+
+def _command(argv) -> str:
+    """The command line without machine-specific paths."""
+    return "PYTHONPATH=. python -m benchmarks.seqrec_repro " + " ".join(sys.argv[1:] if argv is None else argv)
 
 
 def finalise_partial(args) -> int:
@@ -144,7 +149,7 @@ def finalise_partial(args) -> int:
     protocol = {**rows[0]["config"], "evaluation": "full ranking over all items, padding excluded, history not masked",
                 "tuning": "none (fixed hyper-parameters chosen before any run)",
                 "note": "finalised from the rows of an interrupted run (time limit)"}
-    write_results(out_name, rows, protocol=protocol, table=table(rows, rows[0]["data"]))
+    write_results(out_name, rows, command=_command(None), protocol=protocol, table=table(rows, rows[0]["data"]))
     (RESULTS_DIR / f"{out_name}.md").write_text(table(rows, rows[0]["data"]) + "\n")
     print(table(rows, rows[0]["data"]))
     return 0
