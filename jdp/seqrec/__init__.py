@@ -1,0 +1,1 @@
+"""DPFormer: DP sequential recommendation (Transformer with Re-Attention, GRU/LSTM baselines)."""

@@ -1,0 +1,104 @@
+"""`jdp seqrec`: DP training + full-ranking evaluation of DPFormer and baselines.
+
+Example:
+  jdp seqrec --data amazon-games --data-path ../shared/datasets/amazon-games/Video.txt \\
+      --model dpformer --epsilon 8 --epochs 100 --batch-size 1024 --lr 3e-3 --out run.json
+`--epsilon 0` is not allowed; `--non-private` trains the explicitly non-private reference.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import pathlib
+import time
+
+import numpy as np
+
+from jdp.seqrec.models import MODELS
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("seqrec", help="DP sequential recommendation (DPFormer, Transformer, GRU, LSTM)",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", required=True, choices=["amazon-games", "ml-100k", "ml-1m"])
+    p.add_argument("--data-path", default=None, help="file (Video.txt / u.data / ratings.dat); "
+                   "default ../shared/datasets/<data>/<file> relative to the current directory")
+    p.add_argument("--model", default="dpformer", choices=list(MODELS))
+    p.add_argument("--epsilon", type=float, default=8.0)
+    p.add_argument("--non-private", action="store_true", help="NON-PRIVATE reference run (ignores --epsilon)")
+    p.add_argument("--delta", type=float, default=1e-5)
+    p.add_argument("--epochs", type=float, default=100.0)
+    p.add_argument("--batch-size", type=int, default=1024, help="expected Poisson batch size")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--weight-decay", type=float, default=1e-5)
+    p.add_argument("--warmup-frac", type=float, default=0.2)
+    p.add_argument("--clip", type=float, default=1.0, help="per-user L2 clip norm C")
+    p.add_argument("--maxlen", type=int, default=None, help="default 50 (Amazon) / 200 (MovieLens)")
+    p.add_argument("--d", type=int, default=64)
+    p.add_argument("--heads", type=int, default=1)
+    p.add_argument("--blocks", type=int, default=2)
+    p.add_argument("--dropout", type=float, default=None, help="default 0.5 (Amazon) / 0.2 (MovieLens)")
+    p.add_argument("--hist-noise-multiplier", type=float, default=10.0,
+                   help="DPFormer item histogram noise / sqrt(maxlen+1)")
+    p.add_argument("--public-item-counts", default=None,
+                   help=".npy of per-item counts [M+1] the caller DECLARES public (no histogram release)")
+    p.add_argument("--mask-history", action="store_true", help="remove history items from the ranking")
+    p.add_argument("--physical-batch", type=int, default=256)
+    p.add_argument("--micro-batch", type=int, default=32)
+    p.add_argument("--length-buckets", default="8,16,32,64,128",
+                   help="comma-separated shorter windows for short sequences (compute only; '' = none)")
+    p.add_argument("--eval-every", type=float, default=0.0, help="validation every N epochs (0 = end only)")
+    p.add_argument("--checkpoint", default=None, help="checkpoint file (resumed when present)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--out", default=None, help="JSON output file")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import jax
+
+    from jdp.seqrec import data as data_mod
+    from jdp.seqrec.train import TrainConfig, train
+
+    logging.getLogger("absl").setLevel(logging.ERROR)
+    t0 = time.perf_counter()
+    datasets_dir = pathlib.Path.cwd().parent / "shared" / "datasets"
+    d = data_mod.load(args.data, path=args.data_path, maxlen=args.maxlen, datasets_dir=datasets_dir)
+    t_load = time.perf_counter() - t0
+    amazon = args.data == "amazon-games"
+    dropout = args.dropout if args.dropout is not None else (0.5 if amazon else 0.2)
+    cfg = TrainConfig(model=args.model, epsilon=None if args.non_private else args.epsilon, delta=args.delta,
+                      epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_frac=args.warmup_frac,
+                      weight_decay=args.weight_decay, l2_clip=args.clip, d=args.d, heads=args.heads,
+                      blocks=args.blocks, dropout=dropout, physical_batch=args.physical_batch,
+                      micro_batch=args.micro_batch, hist_noise_multiplier=args.hist_noise_multiplier,
+                      eval_every_epochs=args.eval_every, mask_history=args.mask_history,
+                      length_buckets=tuple(int(b) for b in args.length_buckets.split(",") if b.strip()))
+    public = None
+    if args.public_item_counts:
+        public = np.load(args.public_item_counts)
+    res = train(d, cfg, jax.random.key(args.seed), public_item_counts=public, checkpoint=args.checkpoint,
+                progress=not args.no_progress)
+    out = {
+        "data": args.data, "model": args.model, "epsilon": cfg.epsilon, "delta": cfg.delta, "seed": args.seed,
+        "device": jax.devices()[0].device_kind, "n_users": d.n_users, "n_items": d.n_items, "maxlen": d.maxlen,
+        "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(cfg).items()},
+        "noise_multiplier": res.noise_multiplier, "steps": res.steps,
+        "item_counts": "public (caller-declared)" if public is not None else (
+            "DP histogram" if res.item_counts_released is not None else None),
+        "evaluation": {"ranking": "full (all items, padding excluded)", "history_masked": cfg.mask_history},
+        "metrics": res.metrics, "history": res.history,
+        "privacy": res.privacy.to_dict() if res.privacy is not None else {"non_private": True, "epsilon": None},
+        "timings": {**res.timings, "load_s": t_load},
+    }
+    if res.privacy is not None:
+        print(res.privacy)
+    print(json.dumps(res.metrics, indent=1))
+    if args.out:
+        pathlib.Path(args.out).write_text(json.dumps(out, indent=2, default=float) + "\n")
+    return 0
+
+
+__all__ = ["register", "run"]

@@ -1,0 +1,212 @@
+"""Sequential recommenders in Flax linen: Transformer (tied/untied, optional Re-Attention), GRU, LSTM.
+
+Inputs are left-padded item sequences [B, L] (0 = padding, items 1..M). Every model returns hidden
+states [B, L, d]; `loss` is the causal next-item cross-entropy at every non-padding position with a
+full softmax over all M items (padding id excluded), averaged per sequence -> [B]; `scores` gives
+full-catalogue logits [B, M+1] at the last position for ranking (column 0 = -inf).
+
+Layers are standard linen modules (nn.Embed with `attend` for the tied output, nn.Dense projections,
+nn.LayerNorm, nn.RNN over nn.GRUCell / nn.OptimizedLSTMCell) so fast per-example clipping applies.
+Attention is written from nn.Dense projections because Re-Attention changes its logits.
+
+Re-Attention inputs (`reatt`): a dict {"w_var": scalar, "emb_var": [M+1]} of squared effective errors
+(see `reattention.effective_variances`); None or all zeros gives the vanilla Transformer exactly.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jdp.seqrec import reattention as ra
+
+NEG = -1e9
+
+
+class SelfAttention(nn.Module):
+    """Causal multi-head self-attention from Dense projections, with optional Re-Attention."""
+    d: int
+    heads: int
+    dropout: float
+
+    @nn.compact
+    def __call__(self, x, var_x, valid, deterministic: bool, w_var):
+        B, L, _ = x.shape
+        dh = self.d // self.heads
+        proj = {n: nn.Dense(self.d, name=n) for n in ("query", "key", "value")}
+        q, k, v = (proj[n](x).reshape(B, L, self.heads, dh) for n in ("query", "key", "value"))
+        logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(dh)
+        if var_x is not None:  # Re-Attention: subtract the variance-induced bias of each key
+            var_k = ra.linear_var(x, var_x, proj["key"].variables["params"]["kernel"], w_var)
+            corr = ra.attention_logit_correction(q, var_k.reshape(B, L, self.heads, dh))
+            logits = logits - jax.lax.stop_gradient(corr)
+        causal = jnp.tril(jnp.ones((L, L), bool))
+        allowed = causal[None, None] & valid[:, None, None, :]
+        allowed = allowed | jnp.eye(L, dtype=bool)[None, None]  # padding queries attend to themselves
+        logits = jnp.where(allowed, logits, NEG)
+        attn = jax.nn.softmax(logits, axis=-1)
+        self.sow("intermediates", "attention", attn)
+        attn_d = nn.Dropout(self.dropout)(attn, deterministic=deterministic)
+        o = jnp.einsum("bhqk,bkhd->bqhd", attn_d, v).reshape(B, L, self.d)
+        out_proj = nn.Dense(self.d, name="out")
+        y = out_proj(o)
+        var_y = None
+        if var_x is not None:
+            var_v = ra.linear_var(x, var_x, proj["value"].variables["params"]["kernel"], w_var)
+            var_o = jnp.einsum("bhqk,bkhd->bqhd", attn * attn, var_v.reshape(B, L, self.heads, dh))
+            var_y = ra.linear_var(o, var_o.reshape(B, L, self.d), out_proj.variables["params"]["kernel"], w_var)
+        return y, var_y
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm Transformer block: x + Attn(LN(x)), then x + FFN(LN(x))."""
+    d: int
+    heads: int
+    dropout: float
+    activation: str = "relu"
+
+    @nn.compact
+    def __call__(self, x, var_x, valid, deterministic: bool, w_var):
+        track = var_x is not None
+        ln1 = nn.LayerNorm(epsilon=1e-6, name="ln1")
+        h = ln1(x)
+        var_h = ra.layernorm_var(x, var_x, ln1.variables["params"]["scale"], w_var) if track else None
+        a, var_a = SelfAttention(self.d, self.heads, self.dropout, name="attn")(h, var_h, valid, deterministic, w_var)
+        x = x + nn.Dropout(self.dropout)(a, deterministic=deterministic)
+        var_x = var_x + var_a if track else None
+        x_mid = x
+        ln2 = nn.LayerNorm(epsilon=1e-6, name="ln2")
+        h = ln2(x)
+        fc1, fc2 = nn.Dense(self.d, name="fc1"), nn.Dense(self.d, name="fc2")
+        pre = fc1(h)
+        act = jax.nn.relu if self.activation == "relu" else (lambda z: jax.nn.gelu(z, approximate=False))
+        z = nn.Dropout(self.dropout)(act(pre), deterministic=deterministic)
+        f = fc2(z)
+        x = x + nn.Dropout(self.dropout)(f, deterministic=deterministic)
+        if track:
+            var_h = ra.layernorm_var(x_mid, var_x, ln2.variables["params"]["scale"], w_var)
+            var_pre = ra.linear_var(h, var_h, fc1.variables["params"]["kernel"], w_var)
+            _, var_z = ra.activation_moments(self.activation, pre, var_pre)
+            var_f = ra.linear_var(act(pre), var_z, fc2.variables["params"]["kernel"], w_var)
+            var_x = var_x + var_f
+        x = x * valid[..., None]
+        return x, (var_x * valid[..., None] if track else None)
+
+
+class SeqRecModel(nn.Module):
+    """Base fields: catalogue size, width, dropout, tied (embed.attend) or untied (Dense) output."""
+    n_items: int
+    d: int = 64
+    dropout: float = 0.2
+    tied: bool = True
+
+
+def _output(model: SeqRecModel, h: jax.Array, embed: nn.Embed) -> jax.Array:
+    """Full-catalogue logits [..., M+1]; padding column set to NEG (call inside a compact method)."""
+    logits = embed.attend(h) if model.tied else nn.Dense(model.n_items + 1, name="output")(h)
+    return logits.at[..., 0].set(NEG)
+
+
+class TransformerRec(SeqRecModel):
+    """SASRec-style Transformer: learned positions, `blocks` pre-LN blocks, final LayerNorm.
+
+    reattention=True enables the logit correction in every attention layer (needs `reatt` values)."""
+    heads: int = 1
+    blocks: int = 2
+    maxlen: int = 50
+    activation: str = "relu"
+    reattention: bool = False
+
+    @nn.compact
+    def __call__(self, seq: jax.Array, deterministic: bool = True, reatt: dict | None = None,
+                 last_only: bool = False) -> jax.Array:
+        B, L = seq.shape
+        valid = seq > 0
+        embed = nn.Embed(self.n_items + 1, self.d, name="item_embed")
+        pos = nn.Embed(self.maxlen, self.d, name="pos_embed")
+        scale = math.sqrt(self.d)
+        # positions counted from the right end (left padding): a shorter window gives the same outputs
+        x = (embed(seq) * scale + pos(jnp.arange(L) + (self.maxlen - L))[None]) * valid[..., None]
+        track = self.reattention and reatt is not None
+        var_x, w_var = None, 0.0
+        if track:
+            w_var = jnp.asarray(reatt["w_var"], jnp.float32)
+            ev = jnp.asarray(reatt["emb_var"], jnp.float32)[seq] * scale * scale + w_var
+            var_x = jnp.broadcast_to(ev[..., None], x.shape) * valid[..., None]
+        x = nn.Dropout(self.dropout)(x, deterministic=deterministic)
+        for b in range(self.blocks):
+            x, var_x = Block(self.d, self.heads, self.dropout, self.activation, name=f"block{b}")(
+                x, var_x, valid, deterministic, w_var)
+        h = nn.LayerNorm(epsilon=1e-6, name="ln_f")(x)
+        if last_only:
+            h = h[:, -1:]
+        return _output(self, h, embed)
+
+
+class RNNRec(SeqRecModel):
+    """GRU or LSTM over the (left-padded) sequence with a tied item embedding."""
+    cell: str = "gru"
+    maxlen: int = 50
+
+    @nn.compact
+    def __call__(self, seq: jax.Array, deterministic: bool = True, reatt: dict | None = None,
+                 last_only: bool = False) -> jax.Array:
+        valid = seq > 0
+        embed = nn.Embed(self.n_items + 1, self.d, name="item_embed")
+        x = embed(seq) * valid[..., None]
+        x = nn.Dropout(self.dropout)(x, deterministic=deterministic)
+        cell = nn.GRUCell(self.d, name="gru") if self.cell == "gru" else nn.OptimizedLSTMCell(self.d, name="lstm")
+        h = nn.RNN(cell, name="rnn")(x)
+        h = nn.Dropout(self.dropout)(h, deterministic=deterministic)
+        if last_only:
+            h = h[:, -1:]
+        return _output(self, h, embed)
+
+
+MODELS = ("dpformer", "transformer", "transformer-untied", "gru", "lstm")
+
+
+def make_model(name: str, n_items: int, maxlen: int, d: int = 64, heads: int = 1, blocks: int = 2,
+               dropout: float = 0.2, activation: str = "relu") -> SeqRecModel:
+    """The paper's five models: dpformer (tied + Re-Attention), transformer (tied), transformer-untied,
+    gru, lstm (tied)."""
+    if name not in MODELS:
+        raise ValueError(f"model must be one of {MODELS}, got {name!r}")
+    if n_items < 1 or maxlen < 1 or d < 1:
+        raise ValueError("n_items, maxlen and d must be >= 1")
+    if d % heads:
+        raise ValueError(f"d={d} must be divisible by heads={heads}")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+    if name in ("gru", "lstm"):
+        return RNNRec(n_items=n_items, d=d, dropout=dropout, tied=True, cell=name, maxlen=maxlen)
+    return TransformerRec(n_items=n_items, d=d, dropout=dropout, tied=(name != "transformer-untied"),
+                          heads=heads, blocks=blocks, maxlen=maxlen, activation=activation,
+                          reattention=(name == "dpformer"))
+
+
+def next_item_loss(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """Per-sequence mean softmax cross-entropy over non-padding targets: logits [B, L, M+1], targets
+    [B, L] (0 = no loss) -> [B] (0 for sequences without targets)."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    m = (targets > 0).astype(jnp.float32)
+    return (nll * m).sum(-1) / jnp.maximum(m.sum(-1), 1.0)
+
+
+def make_loss_fn(model: SeqRecModel, reatt: dict | None = None, deterministic: bool = False):
+    """loss_fn(params, batch) -> per-example losses [B] for the clipping engine.
+
+    batch: {"input": [B, L], "target": [B, L], "key": [B] dropout keys (key of example 0 is used, so
+    a batch of one gets its own key)}. reatt values are treated as constants."""
+    def loss_fn(params: Any, batch: dict) -> jax.Array:
+        rngs = None if deterministic else {"dropout": batch["key"][0]}
+        logits = model.apply(params, batch["input"], deterministic=deterministic, reatt=reatt, rngs=rngs)
+        return next_item_loss(logits, batch["target"])
+    return loss_fn
+
+
+__all__ = ["MODELS", "RNNRec", "SelfAttention", "TransformerRec", "make_loss_fn", "make_model", "next_item_loss"]

@@ -1,0 +1,24 @@
+"""`jdp seqrec` end to end on ML-100K at a tiny size: JSON with metrics, privacy report, timings."""
+import json
+
+from jdp import cli
+
+
+def test_cli_seqrec_ml100k(tmp_path, datasets_dir, capsys):
+    out = tmp_path / "run.json"
+    rc = cli.main(["seqrec", "--data", "ml-100k", "--data-path", str(datasets_dir / "ml-100k" / "u.data"),
+                   "--model", "transformer", "--epsilon", "8", "--epochs", "0.2", "--batch-size", "128",
+                   "--maxlen", "16", "--d", "8", "--blocks", "1", "--physical-batch", "64", "--micro-batch", "16",
+                   "--length-buckets", "", "--no-progress", "--out", str(out)])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert res["privacy"]["epsilon"] <= 8.0 + 1e-3
+    assert [r["name"] for r in res["privacy"]["releases"]] == ["DP-SGD step (Poisson-sampled Gaussian)"]
+    assert res["model"] == "transformer" and res["item_counts"] is None
+    assert res["steps"] == 2 and res["n_users"] == 943
+    for k in ("ndcg_at_10_test", "hit_at_10_test", "ndcg_at_10_valid", "hit_at_10_valid"):
+        assert 0.0 <= res["metrics"][k] <= 1.0
+    assert res["timings"]["train_s"] > 0 and res["evaluation"]["history_masked"] is False
+    assert "total epsilon" in capsys.readouterr().out
+    # invalid input: clean error, exit code 2
+    assert cli.main(["seqrec", "--data", "ml-100k", "--data-path", str(tmp_path / "nope"), "--no-progress"]) == 2

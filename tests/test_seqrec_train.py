@@ -1,0 +1,98 @@
+"""DP training loop: exact clipping fallback, privacy report (histogram release), checkpoints, errors."""
+import dataclasses
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jdp import accounting
+from jdp.seqrec import data, models, train
+from jdp.seqrec._clip_fallback import clipped_grad
+
+logging.getLogger("absl").setLevel(logging.ERROR)
+
+
+def _toy(n_users=48, n_items=20, maxlen=6, seed=0):
+    rng = np.random.default_rng(seed)
+    seqs = []
+    for _ in range(n_users):  # cyclic walks: the next item is predictable
+        start, n = rng.integers(1, n_items + 1), rng.integers(2, 10)
+        seqs.append(((start - 1 + np.arange(n)) % n_items + 1).astype(np.int32))
+    return data.leave_last_out(seqs, n_items, maxlen)
+
+
+def test_fallback_clipping_equals_naive_per_example_clipping():
+    d = _toy()
+    model = models.make_model("dpformer", d.n_items, d.maxlen, d=8, heads=1, blocks=1, dropout=0.0)
+    params = jax.jit(model.init)(jax.random.key(0), jnp.asarray(d.train_input[:2]))
+    reatt = {"w_var": 1e-4, "emb_var": jnp.full((d.n_items + 1,), 1e-2)}
+    loss_fn = models.make_loss_fn(model, reatt, deterministic=True)
+    B = 8
+    batch = {"input": jnp.asarray(d.train_input[:B]), "target": jnp.asarray(d.train_target[:B]),
+             "key": jax.random.split(jax.random.key(1), B)}
+    mask = jnp.array([1, 1, 1, 0, 1, 1, 1, 1], jnp.float32)
+    res = jax.jit(lambda p: clipped_grad(loss_fn, p, batch, l2_clip=0.05, mask=mask, micro_batch=4))(params)
+    one = jax.jit(jax.grad(lambda p, ex: loss_fn(p, ex)[0]))
+    want = jax.tree_util.tree_map(jnp.zeros_like, params)
+    for i in range(B):
+        g = one(params, jax.tree_util.tree_map(lambda a: a[i:i + 1], batch))
+        n = float(jnp.sqrt(sum(jnp.sum(x ** 2) for x in jax.tree_util.tree_leaves(g))))
+        if mask[i]:
+            assert float(res.norms[i]) == pytest.approx(n, rel=1e-4)
+            want = jax.tree_util.tree_map(lambda a, b: a + b * min(1.0, 0.05 / n), want, g)
+    assert float(res.norms[3]) == 0.0
+    for a, b in zip(jax.tree_util.tree_leaves(res.grad_sum), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+
+
+def test_private_dpformer_report_histogram_checkpoint(tmp_path):
+    d = _toy()
+    cfg = train.TrainConfig(model="dpformer", epsilon=4.0, epochs=1.0, batch_size=16, physical_batch=16,
+                            micro_batch=8, d=8, blocks=1, dropout=0.1, lr=1e-2, eval_chunk=32)
+    ck = tmp_path / "ck.msgpack"
+    r = train.train(d, cfg, jax.random.key(0), checkpoint=ck, progress=False)
+    names = [rel.name for rel in r.privacy.releases]
+    assert names[0] == "item frequency histogram" and "DP-SGD" in names[1]
+    hist = r.privacy.releases[0]
+    assert hist.sensitivity == pytest.approx(np.sqrt(d.maxlen + 1))
+    assert r.privacy.releases[1].count == r.steps == 3
+    assert r.privacy.epsilon() == pytest.approx(4.0, abs=1e-3)
+    # the released counts are noisy (never the exact counts)
+    exact = data.item_presence(d.train_input, d.train_target, d.n_items)
+    assert np.abs(r.item_counts_released - exact).max() > 1.0
+    for k in ("ndcg_at_10_test", "hit_at_10_test", "ndcg_at_10_valid", "hit_at_10_valid"):
+        assert 0.0 <= r.metrics[k] <= 1.0
+    assert r.metrics["ndcg_at_10_test"] <= r.metrics["hit_at_10_test"]
+    d_json = r.privacy.to_dict()
+    assert d_json["releases"][0]["name"] == "item frequency histogram"
+    # resume from the final checkpoint: no steps left, same parameters
+    r2 = train.train(d, cfg, jax.random.key(0), checkpoint=ck, progress=False, evaluate_test=False)
+    assert r2.timings["steps_run"] == 0
+    for a, b in zip(jax.tree_util.tree_leaves(r.params), jax.tree_util.tree_leaves(r2.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # caller-declared public counts: no histogram release, the whole budget goes to DP-SGD
+    pub = np.arange(d.n_items + 1, dtype=float)
+    rep3, sigma3, counts3 = train.privacy_setup(d, cfg, jax.random.key(0), public_item_counts=pub)
+    assert [rel.name for rel in rep3.releases] == names[1:]
+    assert sigma3 < r.noise_multiplier
+    np.testing.assert_array_equal(counts3, pub)
+    assert train.privacy_setup(d, dataclasses.replace(cfg, epsilon=None), jax.random.key(0)) == (None, 0.0, None)
+
+
+def test_invalid_configs_raise():
+    d = _toy()
+    with pytest.raises(ValueError, match="epsilon"):
+        train.train(d, train.TrainConfig(epsilon=0.0), jax.random.key(0))
+    with pytest.raises(ValueError, match="delta"):
+        train.train(d, train.TrainConfig(delta=1.5), jax.random.key(0))
+    with pytest.raises(ValueError, match="batch_size"):
+        train.train(d, train.TrainConfig(batch_size=10_000), jax.random.key(0))
+    with pytest.raises(ValueError, match="model"):
+        models.make_model("bert", 10, 5)
+    with pytest.raises(ValueError, match="public_item_counts"):
+        train.train(d, train.TrainConfig(batch_size=8, epochs=0.1), jax.random.key(0), public_item_counts=np.ones(3))
+    # sanity: the calibrated noise multiplier matches the accountant for the composed events
+    ev = train.dp_sgd_event(1.0, 0.1, 100)
+    assert accounting.compute_epsilon(ev, 1e-5) > 0
