@@ -13,7 +13,7 @@ def test_altmin_quickstart_notebook_runs():
     env_before = os.environ.get("JDP_TINY")
     os.environ["JDP_TINY"] = "1"
     try:
-        NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
+        NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
     finally:
         if env_before is None:
             os.environ.pop("JDP_TINY", None)

@@ -229,7 +229,9 @@ def fit(train: Interactions, cfg: AltMinConfig, seed: int = 0) -> AltMinModel:
 
     # Item-side plan (fixed across steps): tasks = items, features = user embeddings.
     t1 = time.perf_counter()
-    mesh = task_mesh(cfg.n_shards) if cfg.method.startswith(("dpals", "ada-dpals", "als")) else None
+    # Private SSP item updates shard across devices. The non-private ALS reference runs on one device:
+    # its Cholesky path inside shard_map hung with several (fake) CPU devices in jax 0.10.
+    mesh = task_mesh(cfg.n_shards) if cfg.private and cfg.method.startswith(("dpals", "ada-dpals")) else None
     labels = np.clip(train.rating - mean, -cfg.label_clip, cfg.label_clip) if cfg.private else train.rating - mean
     d = cfg.dim
     is_sgd = "sgd" in cfg.method
