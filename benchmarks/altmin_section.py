@@ -66,6 +66,26 @@ def render() -> str:
         if png.exists():
             lines += ["", f"![sliced RMSE](results/{png.name})"]
         lines.append("")
+    lines += [
+        "### Beside the paper (honest reading)", "",
+        "- Paper / reference numbers (spec §8): ML10M non-private ALS RMSE 0.7772; AdaDPSGD μ=1/4, ε=1: 0.8991;",
+        "  figure 3: ML10M ε ∈ {5, 10, 20} between ~0.81 and ~0.89 with best μ in [1/4, 1/2]; appendix D.2: adaptive",
+        "  weights beat tail sampling by ≥ 21.6% / 23.7% / 8.4% on buckets 0 / 1 / 4 at ε = 1. We have no ML10M file on",
+        "  this machine, so the ML10M rows above use a planted synthetic of the same size; they are not comparable in",
+        "  absolute value.",
+        "- Appendix-C: at ε = 5 and 20 μ = 1/2 beats μ = 0 for a = 1 and a = 2 (private and public counts); at ε = 1 it",
+        "  does with counts declared public (the paper's protocol: exact counts), but NOT with private counts, where",
+        "  μ = 1/4 is best and μ = 1/2 is 2% (a = 1) / 0.6% (a = 2) worse than μ = 0. Tail-bucket RMSE falls",
+        "  monotonically with μ up to 1/2 in every setting.",
+        "- ML10M-scale synthetic: at ε = 5 the paper's ordering holds (AdaDPALS μ=1/4 0.757 < tail 0.763 < uniform",
+        "  0.771). At ε = 1 it does NOT: uniform 0.846 ≈ tail 0.847 < AdaDPALS μ=1/4 0.871. Adaptive weights lower",
+        "  the tail-bucket error only marginally here and cost head-bucket accuracy, which dominates the overall RMSE.",
+        "- ML-100K (943 users) is too small for user-level DP at these ε with this method: every private row is worse",
+        "  than predicting the (private) mean (≈1.13) and the non-private ALS row (1.00, default λ, no tuning) is weak.",
+        "  Reported as measured.",
+        "- DPSGD variants: implemented and accounted, but the default learning rate is untuned (rows near the mean).",
+        "",
+    ]
     return "\n".join(lines) + "\n"
 
 
