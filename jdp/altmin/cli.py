@@ -43,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dim", type=int, default=None, help="embedding dimension (default depends on ε)")
     p.add_argument("--steps", type=int, default=None, help="alternating steps (default depends on ε)")
     p.add_argument("--budget", type=int, default=100, help="per-user budget k (Σ_i w_ij² ≤ k)")
-    p.add_argument("--n-shards", type=int, default=None, help="devices for the item update (default: all)")
+    p.add_argument("--n-shards", type=int, default=1, help="devices for the item update (0 = all local devices)")
     p.add_argument("--synthetic-size", type=int, nargs=3, metavar=("USERS", "ITEMS", "RATINGS"),
                    default=(20_000, 2_000, 1_000_000))
     p.add_argument("--seed", type=int, default=0)
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     data, rating_range = load_data(args.data, args.data_path, args.seed, *args.synthetic_size)
     cfg = AltMinConfig(method=args.method, epsilon=None if args.method == "als" else args.epsilon,
                        delta=args.delta, mu=args.mu, dim=args.dim, steps=args.steps, budget=args.budget,
-                       rating_range=rating_range, n_shards=args.n_shards)
+                       rating_range=rating_range, n_shards=args.n_shards or None)
     row = rating_experiment(data, cfg, seed=args.seed)
     row["data"] = args.data
     m = row["metrics"]

@@ -65,7 +65,10 @@ class AltMinConfig:
     init_scale: float = 0.1
     rescale_items: bool = True           # rescale released V to mean row norm 1 after each update (public
                                          # post-processing) so user_reg has the same meaning at every step
-    n_shards: int | None = None          # devices for the item update (None: all local devices)
+    n_shards: int | None = 1             # devices for the item update (None: all local devices). Default 1:
+                                         # with several *fake* CPU devices on a 2-core host, LAPACK calls
+                                         # inside shard_map were seen to deadlock in jax 0.10; on real
+                                         # multi-device hosts pass n_shards=None.
     show_progress: bool = True
 
     @property
