@@ -16,3 +16,23 @@ def datasets_dir() -> pathlib.Path:
     if not SHARED_DATASETS.exists():
         pytest.skip("shared datasets not available")
     return SHARED_DATASETS
+
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def run_notebook(monkeypatch):
+    """Executes notebooks/<name> at tiny size (JDP_TINY=1); returns (text of all outputs, error outputs)."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    def run(name: str, timeout: int = 300):
+        monkeypatch.setenv("JDP_TINY", "1")
+        monkeypatch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        nb = nbformat.read(ROOT / "notebooks" / name, as_version=4)
+        NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
+        outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+        return "".join(o.get("text", "") for o in outputs), [o for o in outputs if o.get("output_type") == "error"]
+
+    return run
