@@ -28,25 +28,28 @@ def noise_scale(sensitivities: jax.Array, epsilon, monotone: bool = False) -> ja
     return (1.0 if monotone else 2.0) * jnp.max(sensitivities, axis=-1, keepdims=True) / epsilon
 
 
+def _report_noisy_max(sampler, key, scores, sensitivities, epsilon, monotone):
+    """argmax(q + b·Z) with Z drawn iid from `sampler` (one of jax.random's standard samplers)."""
+    b = noise_scale(sensitivities, epsilon, monotone)
+    return jnp.argmax(scores + b * sampler(key, scores.shape, scores.dtype), axis=-1).astype(jnp.int32)
+
+
 def rnm_exponential(key: jax.Array, scores: jax.Array, sensitivities: jax.Array, epsilon,
                     monotone: bool = False) -> jax.Array:
     """ε-DP report-noisy-max with exponential noise; scores [..., k], sensitivities [k] or [..., k] -> int32 [...]."""
-    b = noise_scale(sensitivities, epsilon, monotone)
-    return jnp.argmax(scores + b * jax.random.exponential(key, scores.shape, scores.dtype), axis=-1).astype(jnp.int32)
+    return _report_noisy_max(jax.random.exponential, key, scores, sensitivities, epsilon, monotone)
 
 
 def rnm_gumbel(key: jax.Array, scores: jax.Array, sensitivities: jax.Array, epsilon,
                monotone: bool = False) -> jax.Array:
     """ε-DP report-noisy-max with Gumbel noise (= exponential mechanism); [k] -> int32 index."""
-    b = noise_scale(sensitivities, epsilon, monotone)
-    return jnp.argmax(scores + b * jax.random.gumbel(key, scores.shape, scores.dtype), axis=-1).astype(jnp.int32)
+    return _report_noisy_max(jax.random.gumbel, key, scores, sensitivities, epsilon, monotone)
 
 
 def rnm_laplace(key: jax.Array, scores: jax.Array, sensitivities: jax.Array, epsilon,
                 monotone: bool = False) -> jax.Array:
     """ε-DP report-noisy-max with Laplace noise; [k] -> int32 index."""
-    b = noise_scale(sensitivities, epsilon, monotone)
-    return jnp.argmax(scores + b * jax.random.laplace(key, scores.shape, scores.dtype), axis=-1).astype(jnp.int32)
+    return _report_noisy_max(jax.random.laplace, key, scores, sensitivities, epsilon, monotone)
 
 
 def exponential_mechanism(key: jax.Array, scores: jax.Array, sensitivities: jax.Array, epsilon,
