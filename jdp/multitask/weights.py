@@ -12,6 +12,10 @@ import jax.numpy as jnp
 
 from jdp.accounting import check_positive
 
+# Per-user sums are float32 (relative error up to ~n·2⁻²⁴ for a user with n tasks): weights are scaled to
+# (1 − 1e-3)·β so that the EXACT Σ_i w_ij² stays ≤ β, which is what the accountant assumes.
+_BUDGET_SAFETY = 1.0 - 1e-3
+
 
 def task_weights(counts: jax.Array, mu: float, n_users: int, beta: float) -> jax.Array:
     """ω_i = n̂_i^(−μ) / sqrt(Σ_i' n̂_i'^(1−2μ) / (n·β)), i.e. Σ_i n̂_i ω_i² = n·β (eq. 16).
@@ -32,18 +36,19 @@ def clip_user_weights(omega: jax.Array, user: jax.Array, item: jax.Array, n_user
     """Paper's per-user clipping (eq. 12): w_ij = ω_i·min(1, sqrt(β / Σ_{i'∈Ω_j} ω_i'²)). Returns [nnz]."""
     w = omega[item]
     per_user = jax.ops.segment_sum(w**2, user, num_segments=n_users)
-    scale = jnp.minimum(1.0, jnp.sqrt(beta / jnp.maximum(per_user, 1e-30)))
+    scale = jnp.minimum(1.0, jnp.sqrt(_BUDGET_SAFETY * beta / jnp.maximum(per_user, 1e-30)))
     return w * scale[user]
 
 
 def normalize_user_weights(omega: jax.Array, user: jax.Array, item: jax.Array, n_users: int, beta: float) -> jax.Array:
-    """Reference-code normalisation: w_ij = sqrt(β·ω_i² / Σ_{i'∈Ω_j} ω_i'²), so Σ_i w_ij² = β exactly.
+    """Reference-code normalisation: w_ij = sqrt(β·ω_i² / Σ_{i'∈Ω_j} ω_i'²), so Σ_i w_ij² = β (up to the
+    float32 safety margin).
 
     Unlike clipping, this up-weights users with few tasks (a user with one task gets weight √β).
     """
     w = omega[item]
     per_user = jax.ops.segment_sum(w**2, user, num_segments=n_users)
-    return w * jnp.sqrt(beta / jnp.maximum(per_user, 1e-30))[user]
+    return w * jnp.sqrt(_BUDGET_SAFETY * beta / jnp.maximum(per_user, 1e-30))[user]
 
 
 def adaptive_weights(counts: jax.Array, user: jax.Array, item: jax.Array, n_users: int, beta: float,
