@@ -30,13 +30,19 @@ def _chi2_pvalue(idx, p, merge_below=5.0):
     return stats.chisquare(obs[keep], ex[keep] * obs[keep].sum() / ex[keep].sum()).pvalue
 
 
-@pytest.mark.parametrize("name", ["gem", "mgem", "combined-gem", "rs-geometric"])
-def test_batch_fast_paths_match_exact_probabilities(name):
-    """k = 40 takes the O(k·m) hull-chain path (GEM family) and the flattened stream (RS)."""
+@pytest.mark.parametrize("name,params", [
+    ("gem", {}), ("mgem", {}), ("combined-gem", {}),
+    ("rs-geometric", {}),                      # Poissonized dense sampler
+    ("rs-tnb", {"eta": 0.5}),                  # Poissonized, Gamma mixing + redraw of K = 0
+    ("rs-tnb", {"eta": 0.0}),                  # logarithmic K: flattened stream of draws
+    ("rs-geometric", {"gamma": 0.5}),          # E[K] = 2 << k: flattened stream of draws
+])
+def test_batch_fast_paths_match_exact_probabilities(name, params):
+    """k = 40 takes the O(k·m) hull-chain path (GEM family) and the batch samplers of RS_γ."""
     q, d = _instance()
     n = 20_000
-    p = S.probabilities(name, q, d, 2.0)
-    idx = S.select(name, jax.random.key(3), np.tile(q, (n, 1)), np.tile(d, (n, 1)), 2.0)
+    p = S.probabilities(name, q, d, 2.0, **params)
+    idx = S.select(name, jax.random.key(3), np.tile(q, (n, 1)), np.tile(d, (n, 1)), 2.0, **params)
     assert idx.shape == (n,) and idx.dtype == jnp.int32
     assert _chi2_pvalue(idx, p) > 1e-3
 

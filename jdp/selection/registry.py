@@ -216,6 +216,11 @@ def _rs_batch(frozen: tuple) -> Callable:
     return _checked(functools.partial(rs_mod.random_stopping_batch, **dict(frozen)))
 
 
+@functools.lru_cache(maxsize=64)
+def _rs_poissonized(frozen: tuple) -> Callable:
+    return _checked(functools.partial(rs_mod.random_stopping_poissonized, **dict(frozen)))
+
+
 def select(name: str, key: jax.Array, scores, sensitivities, epsilon: float, allow_nonprivate: bool = False,
            **params) -> jax.Array:
     """Runs mechanism `name` on every row of scores [B, k] (or one problem [k]) -> int32 [B] (or []).
@@ -239,12 +244,18 @@ def select(name: str, key: jax.Array, scores, sensitivities, epsilon: float, all
         out = _select_gem(name, key, scores, sens, epsilon, params)
         return out[0] if single else out
     if name.startswith("rs-") and "block" not in params:
+        stopping = "tnb" if name == "rs-tnb" else "geometric"
+        eta = params.get("eta", 1.0) if stopping == "tnb" else 1.0
         gamma = params.get("gamma") or 1.0 / k
-        mean_k = rs_mod.expected_stopping_time(gamma, "tnb" if name == "rs-tnb" else "geometric",
-                                               params.get("eta", 1.0))
-        if scores.shape[0] * mean_k < 2**26:  # int32 stream positions with a wide margin
-            stopping = "tnb" if name == "rs-tnb" else "geometric"
-            fn = _rs_batch(tuple(sorted({**params, "stopping": stopping}.items())))
+        mean_k = rs_mod.expected_stopping_time(gamma, stopping, eta)
+        frozen = tuple(sorted({**params, "stopping": stopping}.items()))
+        if eta > 0 and mean_k >= k / 8:  # dense O(k) Poissonized sampler beats O(K) draws
+            fn = _rs_poissonized(frozen)
+        elif scores.shape[0] * mean_k < 2**26:  # stream of Σ K draws; int32 positions with a wide margin
+            fn = _rs_batch(frozen)
+        else:
+            fn = None
+        if fn is not None:
             out, flags = fn(key, scores, jnp.broadcast_to(sens, scores.shape), jnp.float32(epsilon))
             _raise_on(flags)
             return out[0] if single else out
