@@ -121,6 +121,13 @@ def test_correlations_and_recommender():
     ties = np.array([1.0, 1.0, 2.0, 3.0, 3.0, 0.5])
     other = np.array([0.2, 0.1, 0.5, 0.4, 0.9, 0.3])
     np.testing.assert_allclose(float(S.spearman(ties, other)), stats.spearmanr(ties, other).statistic, atol=1e-6)
+    # the sign bit of combined GEM: JAX and NumPy twins agree with scipy, ties and near-zero ρ included
+    from jdp.selection.correlation import spearman_positive, spearman_positive_np
+    x = np.round(rng.normal(size=(400, 30)), 1)  # many ties
+    y = np.round(rng.normal(size=(400, 30)), 1)
+    ref = np.array([stats.spearmanr(a, b).statistic > 0 for a, b in zip(x, y)])
+    np.testing.assert_array_equal(spearman_positive_np(x, y), ref)
+    np.testing.assert_array_equal(np.asarray(spearman_positive(jnp.asarray(x), jnp.asarray(y))), ref)
     assert float(S.weighted_correlation(q_pos, d)) > 0.5
     assert float(S.weighted_correlation(-q_pos, d)) < -0.5
     assert float(S.spearman(np.ones(5), np.arange(5.0))) == 0.0  # constant: 0, not NaN

@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import jax.scipy.stats as jstats
+import numpy as np
 
 
 def _weighted_pearson(x: jax.Array, y: jax.Array, w: jax.Array) -> jax.Array:
@@ -45,6 +46,42 @@ def _ranks(x: jax.Array) -> jax.Array:
 def spearman(x: jax.Array, y: jax.Array) -> jax.Array:
     """Spearman rank correlation (average ranks for ties) along the last axis."""
     return pearson(_ranks(x), _ranks(jnp.broadcast_to(y, jnp.shape(x))))
+
+
+def spearman_positive(x: jax.Array, y: jax.Array) -> jax.Array:
+    """1[Spearman ρ(x, y) > 0] along the last axis, from the integer numerator
+    Σ_a (2r_x(a) − k − 1)(2r_y(a) − k − 1) of ρ (average ranks; exact in float32 for k ≲ 250).
+    Combined GEM privatises this bit; `spearman_positive_np` is the same statistic in NumPy."""
+    k = jnp.shape(x)[-1]
+    cx = 2.0 * _ranks(x) - (k + 1)
+    cy = 2.0 * _ranks(jnp.broadcast_to(jnp.asarray(y, jnp.float32), jnp.shape(x))) - (k + 1)
+    return jnp.sum(cx * cy, axis=-1) > 0
+
+
+def _centred_ranks_np(x: np.ndarray) -> np.ndarray:
+    """2·(average rank) − (k + 1) along the last axis, int64 (NumPy's sort is far faster than XLA:CPU's)."""
+    k = x.shape[-1]
+    order = np.argsort(x, axis=-1)
+    xs = np.sort(x, axis=-1)  # = x in `order` (values), and cheaper than a gather
+    pos = np.arange(k)
+    diff = xs[..., 1:] != xs[..., :-1]
+    if diff.all():
+        twice = np.broadcast_to(2 * pos - (k - 1), x.shape)
+    else:  # ties: every member of a run of equal values gets the run's mean position
+        edge = np.ones(x.shape[:-1] + (1,), bool)
+        start = np.maximum.accumulate(np.where(np.concatenate([edge, diff], -1), pos, 0), axis=-1)
+        end = np.minimum.accumulate(np.where(np.concatenate([diff, edge], -1), pos, k)[..., ::-1], axis=-1)[..., ::-1]
+        twice = start + end - (k - 1)
+    out = np.empty(x.shape, np.int64)
+    np.put_along_axis(out, order, twice, -1)
+    return out
+
+
+def spearman_positive_np(x, y) -> np.ndarray:
+    """NumPy twin of `spearman_positive` (values ranked as float32, as the samplers see them)."""
+    x = np.asarray(x, np.float32)
+    y = np.broadcast_to(np.asarray(y, np.float32), x.shape)
+    return np.einsum("...k,...k->...", _centred_ranks_np(x), _centred_ranks_np(y)) > 0
 
 
 def bucket_weights(scores: jax.Array, sensitivities: jax.Array, buckets: int = 10) -> jax.Array:

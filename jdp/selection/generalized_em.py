@@ -12,7 +12,7 @@ as in private-pgm) or permute-and-flip/RNM-exp (base="pf").
   GEM:  t = 2 ln(k/β)/ε  (penalises sensitive candidates; β = 0.5 by default, as in private-pgm),
   mGEM: t = −2 ln(k/β)/ε (rewards sensitive candidates; the paper's exact value was not recoverable,
         this mirror image of GEM's shift is our documented default; pass `shift` to override).
-Combined GEM: ρ = Spearman(q, Δ); release b̃ = randomized response of 1[ρ > 0] with ε₁ = split·ε;
+Combined GEM: ρ = Spearman(q, Δ) (scores ranked as float32); release b̃ = randomized response of 1[ρ > 0] with ε₁ = split·ε;
 run mGEM if b̃ = 1 else GEM with ε₂ = (1 − split)·ε; ε = ε₁ + ε₂ by basic composition.
 
 The min over b only needs b on the upper convex hull of the points (Δ_b, q_b − tΔ_b), a subset of the
@@ -132,7 +132,7 @@ def combined_gem(key: jax.Array, scores: jax.Array, sensitivities: jax.Array, ep
     k_rr, k_sel = jax.random.split(key)
     eps1, eps2 = split * epsilon, (1.0 - split) * epsilon
     d = jnp.broadcast_to(sensitivities, scores.shape)
-    positive = correlation.spearman(scores, d) > 0
+    positive = correlation.spearman_positive(scores, d)
     keep = jax.random.uniform(k_rr, scores.shape[:-1]) < jax.nn.sigmoid(eps1)  # e^ε₁/(1 + e^ε₁)
     use_mgem = jnp.where(keep, positive, ~positive)
     t = default_shift(scores.shape[-1], eps2, beta)
@@ -153,12 +153,14 @@ def gem_fast(key, scores, sensitivities, epsilon, beta: float = 0.5, shift=None,
 
 
 def combined_gem_fast(key, scores, sensitivities, epsilon, split: float = 0.5, beta: float = 0.5,
-                      base: str = "em", frontier_size: int = 16):
-    """Combined GEM on [B, k] -> (int32 [B], overflow [B])."""
+                      base: str = "em", frontier_size: int = 16, positive=None):
+    """Combined GEM on [B, k] -> (int32 [B], overflow [B]). `positive` [B]: the (non-released) bits
+    `spearman_positive(scores, sensitivities)` if already computed (NumPy on CPU, see `select`)."""
     k_rr, k_sel = jax.random.split(key)
     eps1, eps2 = split * epsilon, (1.0 - split) * epsilon
     d = jnp.broadcast_to(sensitivities, scores.shape)
-    positive = correlation.spearman(scores, d) > 0
+    if positive is None:
+        positive = correlation.spearman_positive(scores, d)
     keep = jax.random.uniform(k_rr, scores.shape[:-1]) < jax.nn.sigmoid(eps1)
     t = default_shift(scores.shape[-1], eps2, beta)
     shift = jnp.where(jnp.where(keep, positive, ~positive), -t, t)
@@ -212,7 +214,7 @@ def combined_gem_probabilities(scores, sensitivities, epsilon, split: float = 0.
     q = np.asarray(scores, np.float64)
     d = np.broadcast_to(np.asarray(sensitivities, np.float64), q.shape)
     eps1, eps2 = split * float(epsilon), (1.0 - split) * float(epsilon)
-    positive = np.asarray(correlation.spearman(q, d)) > 0
+    positive = correlation.spearman_positive_np(q, d)
     p_keep = 1.0 / (1.0 + math.exp(-eps1))
     p_m = np.where(positive, p_keep, 1.0 - p_keep)[..., None]
     return p_m * mgem_probabilities(q, d, eps2, beta, None, base) + (1 - p_m) * gem_probabilities(
