@@ -36,7 +36,7 @@ from jdp.multitask import private_counts, ssp
 from jdp.multitask.weights import adaptive_weights
 
 MUS = (0.0, 1 / 8, 1 / 4, 1 / 3, 1 / 2, 1.0)
-REG_GRID = (0.5, 2.0)
+REG_GRID = (0.5, 1.0, 2.0, 4.0)
 APPENDIX_C_REG_GRID = (0.1, 0.25, 0.5, 1.0, 2.0)
 ML100K = pathlib.Path(__file__).resolve().parents[2] / "shared" / "datasets" / "ml-100k"
 
@@ -124,7 +124,7 @@ def _rating_rows(data, name, rating_range, args, methods) -> list[dict]:
 
 ALL_METHODS = [("dpals-uniform", (0.25,)), ("dpals-tail", (0.25,)), ("ada-dpals", MUS[1:5]),
                ("dpsgd-uniform", (0.25,)), ("dpsgd-tail", (0.25,)), ("ada-dpsgd", (0.25, 0.5))]
-DPALS_METHODS = [("dpals-uniform", (0.25,)), ("dpals-tail", (0.25,)), ("ada-dpals", (0.25, 0.5))]
+DPALS_METHODS = [("dpals-uniform", (0.25,)), ("dpals-tail", (0.25,)), ("ada-dpals", (0.0, 1 / 8, 1 / 4, 1 / 2))]
 
 
 def part_ml100k(args) -> list[dict]:
