@@ -142,6 +142,8 @@ def random_stopping_poissonized(key: jax.Array, scores: jax.Array, sensitivities
          P[M_a ≤ x] = exp(−r(1 − F((x − q_a)/s_a))), M_a = −∞ when N_a = 0. With E_a ~ Exp(1):
          M_a = −∞ if E_a > r, else 1 − F = E_a/r, inverted in closed form.
     The output is argmax_a max(M_a, the a₀ draw). K is unbounded and never truncated. Needs η > 0.
+    For η = 1 (geometric K) steps 1-2 simplify: K − 1 ~ Geometric on {0, 1, ...} = Poisson(Λ'), Λ' ~
+    Exp·(1−γ)/γ, so the a₀ draw plus Poisson(Λ'/k) counts per candidate, with no conditioning.
     """
     if stopping == "geometric":
         eta = 1.0
@@ -168,20 +170,24 @@ def random_stopping_poissonized(key: jax.Array, scores: jax.Array, sensitivities
         new, ok = propose(sub)
         return key, jnp.where(pending & ok, new, lam), pending & ~ok
 
-    lam, ok = propose(jax.random.fold_in(k_lam, 0))
-    _, lam, _ = jax.lax.while_loop(lambda s: jnp.any(s[2]), body, (k_lam, lam, ~ok))
-    u = jax.random.uniform(k_first, rows)
-    first = -jnp.log1p(u * jnp.expm1(-lam)) / lam  # T on [0, 1]
-    rate = (lam * (1.0 - first) / k)[..., None]
+    if eta == 1.0:  # geometric: K = 1 + Poisson(Λ'), Λ' ~ Exp·(1−γ)/γ unconditioned (no loop, no T)
+        rate = (jax.random.exponential(k_lam, rows) * ((1.0 - gamma) / gamma / k))[..., None]
+    else:
+        lam, ok = propose(jax.random.fold_in(k_lam, 0))
+        _, lam, _ = jax.lax.while_loop(lambda s: jnp.any(s[2]), body, (k_lam, lam, ~ok))
+        u = jax.random.uniform(k_first, rows)
+        first = -jnp.log1p(u * jnp.expm1(-lam)) / lam  # T on [0, 1]
+        rate = (lam * (1.0 - first) / k)[..., None]
     a0 = jax.random.randint(k_a0, rows, 0, k)
     q0 = jnp.take_along_axis(q, a0[..., None], -1)[..., 0]
     s0 = jnp.take_along_axis(scale, a0[..., None], -1)[..., 0]
     v0 = q0 + s0 * jax.random.laplace(k_lap, rows, q.dtype)
 
-    t = jax.random.exponential(k_rest, q.shape, q.dtype) * (1.0 / rate)  # 1 − F(x); a draw exists iff t ≤ 1
-    # Laplace survival inverse, one log: −ln 2t (t ≤ ½), ln(2 − 2t) (t > ½)
-    x = jnp.sign(2.0 * t - 1.0) * jnp.log(jnp.maximum(1.0 - jnp.abs(1.0 - 2.0 * t), 1e-30))
-    vals = jnp.where(t <= 1.0, q + scale * x, -jnp.inf)
+    u = jax.random.uniform(k_rest, q.shape, q.dtype, minval=jnp.finfo(q.dtype).tiny)
+    w = jnp.log(u) * (-2.0 / rate)  # w = 2·(1 − F(x)) with E_a = −ln u; a draw exists iff w ≤ 2
+    lower = w <= 1.0  # Laplace survival inverse, one log: x = −ln w (w ≤ 1), ln(2 − w) (1 < w ≤ 2)
+    x = jnp.log(jnp.where(lower, w, 2.0 - w))
+    vals = jnp.where(w <= 2.0, q + scale * jnp.where(lower, -x, x), -jnp.inf)
     vals = jnp.where(jnp.arange(k) == a0[..., None], jnp.maximum(vals, v0[..., None]), vals)
     return jnp.argmax(vals, axis=-1).astype(jnp.int32)
 
