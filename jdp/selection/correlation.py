@@ -8,6 +8,9 @@ All functions take [..., k] arrays and reduce the last axis (jit/vmap friendly).
 """
 from __future__ import annotations
 
+import concurrent.futures
+import os
+
 import jax
 import jax.numpy as jnp
 import jax.scipy.stats as jstats
@@ -77,11 +80,22 @@ def _centred_ranks_np(x: np.ndarray) -> np.ndarray:
     return out
 
 
+_ROWS_PER_CHUNK = 1024  # cache-sized blocks of rows; NumPy's sort releases the GIL, so blocks run in threads
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
 def spearman_positive_np(x, y) -> np.ndarray:
     """NumPy twin of `spearman_positive` (values ranked as float32, as the samplers see them)."""
+    global _pool
     x = np.asarray(x, np.float32)
     y = np.broadcast_to(np.asarray(y, np.float32), x.shape)
-    return np.einsum("...k,...k->...", _centred_ranks_np(x), _centred_ranks_np(y)) > 0
+    if x.ndim != 2 or x.shape[0] <= _ROWS_PER_CHUNK:
+        return np.einsum("...k,...k->...", _centred_ranks_np(x), _centred_ranks_np(y)) > 0
+    if _pool is None:
+        _pool = concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
+    starts = range(0, x.shape[0], _ROWS_PER_CHUNK)
+    blocks = _pool.map(lambda i: spearman_positive_np(x[i:i + _ROWS_PER_CHUNK], y[i:i + _ROWS_PER_CHUNK]), starts)
+    return np.concatenate(list(blocks))
 
 
 def bucket_weights(scores: jax.Array, sensitivities: jax.Array, buckets: int = 10) -> jax.Array:
