@@ -128,6 +128,10 @@ def test_correlations_and_recommender():
     ref = np.array([stats.spearmanr(a, b).statistic > 0 for a, b in zip(x, y)])
     np.testing.assert_array_equal(spearman_positive_np(x, y), ref)
     np.testing.assert_array_equal(np.asarray(spearman_positive(jnp.asarray(x), jnp.asarray(y))), ref)
+    shared = np.array([stats.spearmanr(a, y[0]).statistic > 0 for a in x])  # one Δ vector for all rows
+    np.testing.assert_array_equal(spearman_positive_np(x, y[0]), shared)
+    big_x = np.tile(x, (4, 1))  # > 1,024 rows: the blocked, threaded path
+    np.testing.assert_array_equal(spearman_positive_np(big_x, np.tile(y, (4, 1))), np.tile(ref, 4))
     assert float(S.weighted_correlation(q_pos, d)) > 0.5
     assert float(S.weighted_correlation(-q_pos, d)) < -0.5
     assert float(S.spearman(np.ones(5), np.arange(5.0))) == 0.0  # constant: 0, not NaN

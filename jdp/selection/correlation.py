@@ -88,7 +88,10 @@ def spearman_positive_np(x, y) -> np.ndarray:
     """NumPy twin of `spearman_positive` (values ranked as float32, as the samplers see them)."""
     global _pool
     x = np.asarray(x, np.float32)
-    y = np.broadcast_to(np.asarray(y, np.float32), x.shape)
+    y = np.asarray(y, np.float32)
+    if y.ndim == 1 and x.ndim > 1:  # one sensitivity vector for every row: rank it once
+        return np.einsum("...k,k->...", _centred_ranks_np(x), _centred_ranks_np(y)) > 0
+    y = np.broadcast_to(y, x.shape)
     if x.ndim != 2 or x.shape[0] <= _ROWS_PER_CHUNK:
         return np.einsum("...k,...k->...", _centred_ranks_np(x), _centred_ranks_np(y)) > 0
     if _pool is None:
