@@ -128,6 +128,28 @@ def random_stopping_batch(key: jax.Array, scores: jax.Array, sensitivities: jax.
     return best.astype(jnp.int32)
 
 
+def _rate_after_first_arrival(key: jax.Array, rows: tuple, eta: float, gamma) -> jax.Array:
+    """Λ(1 − T) per row: Λ ~ Gamma(η)·(1−γ)/γ conditioned on K ≥ 1 (proposals accepted with probability
+    1 − e^(−Λ)), T the first arrival of the rate-Λ process on [0, 1] given that there is one."""
+    def propose(key):
+        kg, ku = jax.random.split(key)
+        lam = jax.random.gamma(kg, eta, rows) * ((1.0 - gamma) / gamma)
+        return lam, jax.random.uniform(ku, rows) < -jnp.expm1(-lam)
+
+    def body(state):
+        key, lam, pending = state
+        key, sub = jax.random.split(key)
+        new, ok = propose(sub)
+        return key, jnp.where(pending & ok, new, lam), pending & ~ok
+
+    k_loop, k_first = jax.random.split(key)
+    lam, ok = propose(jax.random.fold_in(k_loop, 0))
+    _, lam, _ = jax.lax.while_loop(lambda s: jnp.any(s[2]), body, (k_loop, lam, ~ok))
+    u = jax.random.uniform(k_first, rows)
+    first = -jnp.log1p(u * jnp.expm1(-lam)) / lam  # T on [0, 1]
+    return lam * (1.0 - first)
+
+
 def random_stopping_poissonized(key: jax.Array, scores: jax.Array, sensitivities: jax.Array, epsilon,
                                 gamma=None, stopping: str = "geometric", eta: float = 1.0) -> jax.Array:
     """RS_γ on [..., k] with exactly the same output distribution, in O(k) dense work per problem.
@@ -156,28 +178,11 @@ def random_stopping_poissonized(key: jax.Array, scores: jax.Array, sensitivities
     q = scores
     scale = jnp.broadcast_to(sensitivities, q.shape) / epsilon_per_run(epsilon, stopping, eta)
     rows = q.shape[:-1]
-    k_lam, k_first, k_a0, k_lap, k_rest = jax.random.split(key, 5)
-
-    def propose(key):  # Λ ~ Gamma(η)·(1−γ)/γ and its acceptance bit (probability 1 − e^(−Λ))
-        kg, ku = jax.random.split(key)
-        g = jax.random.exponential(kg, rows) if eta == 1.0 else jax.random.gamma(kg, eta, rows)
-        lam = g * ((1.0 - gamma) / gamma)
-        return lam, jax.random.uniform(ku, rows) < -jnp.expm1(-lam)
-
-    def body(state):
-        key, lam, pending = state
-        key, sub = jax.random.split(key)
-        new, ok = propose(sub)
-        return key, jnp.where(pending & ok, new, lam), pending & ~ok
-
+    k_lam, k_a0, k_lap, k_rest = jax.random.split(key, 4)
     if eta == 1.0:  # geometric: K = 1 + Poisson(Λ'), Λ' ~ Exp·(1−γ)/γ unconditioned (no loop, no T)
         rate = (jax.random.exponential(k_lam, rows) * ((1.0 - gamma) / gamma / k))[..., None]
     else:
-        lam, ok = propose(jax.random.fold_in(k_lam, 0))
-        _, lam, _ = jax.lax.while_loop(lambda s: jnp.any(s[2]), body, (k_lam, lam, ~ok))
-        u = jax.random.uniform(k_first, rows)
-        first = -jnp.log1p(u * jnp.expm1(-lam)) / lam  # T on [0, 1]
-        rate = (lam * (1.0 - first) / k)[..., None]
+        rate = _rate_after_first_arrival(k_lam, rows, eta, gamma)[..., None] / k
     a0 = jax.random.randint(k_a0, rows, 0, k)
     q0 = jnp.take_along_axis(q, a0[..., None], -1)[..., 0]
     s0 = jnp.take_along_axis(scale, a0[..., None], -1)[..., 0]
