@@ -153,14 +153,19 @@ def run(loss_fn, params, batch, **kw):
     return fn(params, batch)
 
 
+def setup(model, batch, init_input, init_seed, clip_scale=1.0):
+    """(params, loss_fn, C) with C = clip_scale × the median unclipped per-example norm (some get clipped)."""
+    params = model.init(jax.random.PRNGKey(init_seed), init_input)["params"]
+    loss_fn = xent(model)
+    return params, loss_fn, clip_scale * float(np.median(reference(loss_fn, params, batch, 1e6)[1]))
+
+
 # ------------------------------------------------------------------------------------------ tests
 def test_mlp_all_methods():
     model = MLP()
     x = jax.random.normal(jax.random.PRNGKey(0), (6, 7))
     batch = {"x": x, "y": jnp.array([0, 1, 2, 0, 1, 2])}
-    params = model.init(jax.random.PRNGKey(1), x)["params"]
-    loss_fn = xent(model)
-    C = float(np.median(reference(loss_fn, params, batch, 1e6)[1]))        # half the examples get clipped
+    params, loss_fn, C = setup(model, batch, x, 1)        # half the examples get clipped
     ref_sum, ref_norms = reference(loss_fn, params, batch, C)
     for method in ("auto", "ghost", "ghost-two-pass", "vmap"):
         check(run(loss_fn, params, batch, l2_clip=C, method=method), ref_sum, ref_norms)
@@ -174,10 +179,8 @@ def test_mlp_all_methods():
 def test_tied_transformer(cfg):
     model = Transformer(vocab=cfg["vocab"], dim=cfg["dim"], max_len=cfg["L"], tied=True)
     batch = seq_batch(5, cfg["L"], cfg["vocab"], pad_id=0)
-    params = model.init(jax.random.PRNGKey(1), batch["x"])["params"]
-    loss_fn = xent(model)
+    params, loss_fn, C = setup(model, batch, batch["x"], 1, clip_scale=0.5)
     mask = jnp.array([True, True, False, True, True])
-    C = 0.5 * float(np.median(reference(loss_fn, params, batch, 1e6)[1]))
     ref_sum, ref_norms = reference(loss_fn, params, batch, C, mask=mask)
     check(run(loss_fn, params, batch, l2_clip=C, mask=mask, memory_limit=cfg["memory_limit"], method=cfg["method"]),
           ref_sum, ref_norms)
@@ -194,9 +197,7 @@ def test_tied_transformer(cfg):
 def test_untied_transformer_two_pass():
     model = Transformer(tied=False)
     batch = seq_batch(4, 6, 30, seed=3)
-    params = model.init(jax.random.PRNGKey(2), batch["x"])["params"]
-    loss_fn = xent(model)
-    C = 0.5 * float(np.median(reference(loss_fn, params, batch, 1e6)[1]))
+    params, loss_fn, C = setup(model, batch, batch["x"], 2, clip_scale=0.5)
     ref_sum, ref_norms = reference(loss_fn, params, batch, C)
     check(run(loss_fn, params, batch, l2_clip=C), ref_sum, ref_norms)
     check(run(loss_fn, params, batch, l2_clip=C, method="ghost-two-pass"), ref_sum, ref_norms)
@@ -207,9 +208,7 @@ def test_untied_transformer_two_pass():
 def test_recurrent(cell, scan, fallback):
     model = RNN(cell, scan)
     batch = seq_batch(4, 5, 20, seed=1)
-    params = model.init(jax.random.PRNGKey(0), batch["x"])["params"]
-    loss_fn = xent(model)
-    C = float(np.median(reference(loss_fn, params, batch, 1e6)[1]))
+    params, loss_fn, C = setup(model, batch, batch["x"], 0)
     ref_sum, ref_norms = reference(loss_fn, params, batch, C)
     check(run(loss_fn, params, batch, l2_clip=C), ref_sum, ref_norms)
     fb = jc.explain(loss_fn, params, batch)[-1]["fallback"]
@@ -221,9 +220,7 @@ def test_custom_layer_and_shared_parameter():
     model = SharedMLP()
     x = jax.random.normal(jax.random.PRNGKey(3), (6, 7))
     batch = {"x": x, "y": jnp.array([0, 1, 2, 2, 1, 0])}
-    params = model.init(jax.random.PRNGKey(0), x)["params"]
-    loss_fn = xent(model)
-    C = float(np.median(reference(loss_fn, params, batch, 1e6)[1]))
+    params, loss_fn, C = setup(model, batch, x, 0)
     ref_sum, ref_norms = reference(loss_fn, params, batch, C)
     check(run(loss_fn, params, batch, l2_clip=C), ref_sum, ref_norms)
     plan = jc.explain(loss_fn, params, batch)

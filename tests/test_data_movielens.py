@@ -32,33 +32,27 @@ def test_formats_remap_values_timestamps(tmp_path, name, fmt, as_dir):
     assert d.timestamp.tolist() == [t for *_, t in ROWS]
 
 
-def test_missing_and_malformed(tmp_path):
+def test_missing_files_raise(tmp_path):
     with pytest.raises(FileNotFoundError):
         load_movielens(tmp_path / "nope.dat")
     with pytest.raises(FileNotFoundError, match="ratings"):
         load_movielens(tmp_path)  # empty directory
     with pytest.raises(FileNotFoundError):
         load_ml100k(tmp_path)
-    bad = tmp_path / "bad.dat"
-    bad.write_text("1::2::3::4\n1::x::3::4\n")
-    with pytest.raises(ValueError, match="malformed"):
-        load_movielens(bad)
-    short = tmp_path / "short.data"
-    short.write_text("1\t2\t3\t4\n1\t2\n")
-    with pytest.raises(ValueError, match="malformed"):
-        load_movielens(short)
-    nanr = tmp_path / "nan.csv"
-    nanr.write_text("userId,movieId,rating,timestamp\n1,2,nan,4\n")
-    with pytest.raises(ValueError):
-        load_movielens(nanr)
-    wrong = tmp_path / "wrong.csv"
-    wrong.write_text("a,b,c,d\n1,2,3,4\n")
-    with pytest.raises(ValueError, match="header"):
-        load_movielens(wrong)
-    empty = tmp_path / "empty.dat"
-    empty.write_text("\n")
-    with pytest.raises(ValueError, match="empty"):
-        load_movielens(empty)
+
+
+@pytest.mark.parametrize("name,text,match", [
+    ("bad.dat", "1::2::3::4\n1::x::3::4\n", "malformed"),
+    ("short.data", "1\t2\t3\t4\n1\t2\n", "malformed"),
+    ("nan.csv", "userId,movieId,rating,timestamp\n1,2,nan,4\n", None),
+    ("wrong.csv", "a,b,c,d\n1,2,3,4\n", "header"),
+    ("empty.dat", "\n", "empty"),
+])
+def test_malformed_files_raise(tmp_path, name, text, match):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ValueError, match=match):
+        load_movielens(path)
 
 
 def test_real_ml100k(datasets_dir):
