@@ -53,11 +53,35 @@ def test_gem_overflow_rows_fall_back_to_dense():
     k, n = 40, 20_000
     d = np.sort(rng.uniform(0.05, 1.0, size=k)).astype(np.float32)
     q = np.sqrt(d).astype(np.float32)  # concave in Δ: every point is a hull vertex
-    _, _, overflow = G.hull_chain(jnp.asarray(q + 3.0 * d), jnp.asarray(d), 2)  # mGEM-like shift
+    _, overflow = G.gem_scores_frontier(jnp.asarray(q), jnp.asarray(d), -3.0, 2)  # mGEM-like shift
     assert bool(overflow)
     p = S.probabilities("mgem", q, d, 1.0)
     idx = S.select("mgem", jax.random.key(5), np.tile(q, (n, 1)), d, 1.0, frontier_size=2)
     assert _chi2_pvalue(idx, p) > 1e-3
+
+
+def test_gem_few_overflow_rows_redone_in_the_same_pass():
+    """~1% of rows have a hull chain longer than the frontier: they are redone densely inside the
+    compiled pass (capacity batch/64), and follow the exact law (the truncated chain would not)."""
+    rng = np.random.default_rng(2)
+    k, n, n_long = 40, 64_000, 900
+    t = G.default_shift(k, 1.0, negative=True)
+    d = np.geomspace(1e-3, 1.0, k).astype(np.float32)
+    q_long = (0.3 * np.log(d) + t * d).astype(np.float32)  # b = q − t·d concave in Δ: k hull vertices
+    q = (2 * t * d + 0.01 * rng.normal(size=(n, k))).astype(np.float32)  # b falls with Δ: short chains
+    long_rows = rng.choice(n, n_long, replace=False)
+    q[long_rows] = q_long
+    _, overflow = G.gem_scores_frontier(jnp.asarray(q), jnp.asarray(d), t, 8)
+    assert 0 < int(overflow.sum()) <= n // 64 and bool(overflow[long_rows].all())
+    idx = np.asarray(S.select("mgem", jax.random.key(6), q, d, 1.0))
+    assert _chi2_pvalue(idx[long_rows], S.probabilities("mgem", q_long, d, 1.0)) > 1e-3
+
+
+def test_softmax_sampler_skips_zero_probability_candidates():
+    from jdp.selection.rnm import sample_softmax
+    logits = jnp.array([[-jnp.inf, 0.0, -jnp.inf, -1e30], [3.0, -jnp.inf, -jnp.inf, -jnp.inf]])
+    draws = jax.vmap(lambda k: sample_softmax(k, logits))(jax.random.split(jax.random.key(0), 2000))
+    assert bool(jnp.all(draws[:, 0] == 1)) and bool(jnp.all(draws[:, 1] == 0))
 
 
 def test_per_problem_functions_jit_and_vmap():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -61,44 +62,96 @@ def spearman_positive(x: jax.Array, y: jax.Array) -> jax.Array:
     return jnp.sum(cx * cy, axis=-1) > 0
 
 
-def _centred_ranks_np(x: np.ndarray) -> np.ndarray:
-    """2·(average rank) − (k + 1) along the last axis, int64 (NumPy's sort is far faster than XLA:CPU's)."""
-    k = x.shape[-1]
-    order = np.argsort(x, axis=-1)
-    xs = np.sort(x, axis=-1)  # = x in `order` (values), and cheaper than a gather
+class _Buffers(threading.local):
+    """Per-thread scratch arrays for `_spearman_numerator_np` (reused: fresh temporaries per block
+    cost more than the sorts and serialise the threads)."""
+    shape = None
+
+    def get(self, shape):
+        if self.shape != shape:
+            self.shape = shape
+            self.bits, self.tmp = np.empty(shape, np.int32), np.empty(shape, np.int32)
+            self.a, self.b, self.high = (np.empty(shape, np.uint64) for _ in range(3))
+        return self
+
+
+_buffers = _Buffers()
+_LOW, _32 = np.uint64(0xFFFFFFFF), np.uint64(32)
+
+
+def _order_keys_into(x: np.ndarray, buf: _Buffers, out: np.ndarray) -> None:
+    """out[...] = uint32 keys in the order of the float32 values x (−0 and +0 get the same key)."""
+    bits, tmp = buf.bits, buf.tmp
+    np.add(x, np.float32(0), out=bits.view(np.float32))  # + 0 maps −0 to +0
+    np.right_shift(bits, 31, out=tmp)  # order-preserving float -> signed int -> unsigned int map
+    np.bitwise_and(tmp, 0x7FFFFFFF, out=tmp)
+    np.bitwise_xor(bits, tmp, out=bits)
+    np.bitwise_xor(bits.view(np.uint32), np.uint32(0x80000000), out=bits.view(np.uint32))
+    out[...] = bits.view(np.uint32)
+
+
+def _centred_sorted_np(keys: np.ndarray, buf: _Buffers) -> np.ndarray:
+    """2·(average rank) − (k + 1) at each position of rows of sorted uint64 keys whose high words
+    hold the ranked values (ties: equal high words share the mean position of their run)."""
+    k = keys.shape[-1]
     pos = np.arange(k)
-    diff = xs[..., 1:] != xs[..., :-1]
+    high = np.right_shift(keys, _32, out=buf.high)
+    diff = high[..., 1:] != high[..., :-1]
     if diff.all():
-        twice = np.broadcast_to(2 * pos - (k - 1), x.shape)
-    else:  # ties: every member of a run of equal values gets the run's mean position
-        edge = np.ones(x.shape[:-1] + (1,), bool)
-        start = np.maximum.accumulate(np.where(np.concatenate([edge, diff], -1), pos, 0), axis=-1)
-        end = np.minimum.accumulate(np.where(np.concatenate([diff, edge], -1), pos, k)[..., ::-1], axis=-1)[..., ::-1]
-        twice = start + end - (k - 1)
-    out = np.empty(x.shape, np.int64)
-    np.put_along_axis(out, order, twice, -1)
-    return out
+        return 2 * pos - (k - 1)
+    edge = np.ones(keys.shape[:-1] + (1,), bool)
+    start = np.maximum.accumulate(np.where(np.concatenate([edge, diff], -1), pos, 0), axis=-1)
+    end = np.minimum.accumulate(np.where(np.concatenate([diff, edge], -1), pos, k)[..., ::-1], axis=-1)[..., ::-1]
+    return start + end - (k - 1)
 
 
-_ROWS_PER_CHUNK = 1024  # cache-sized blocks of rows; NumPy's sort releases the GIL, so blocks run in threads
+def _spearman_numerator_np(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Σ_a (2r_x(a) − k − 1)(2r_y(a) − k − 1) for float32 rows [R, k], int64 [R].
+
+    Two integer sorts of (value key | payload) per row and no gathers (NumPy's vectorised integer sort
+    is ~3x faster than its argsort): sort by x carrying y -> x's centred ranks beside their y; sort by
+    y carrying those ranks -> y's centred ranks beside the x ranks of the same candidates.
+    """
+    k = x.shape[-1]
+    buf = _buffers.get(x.shape)
+    a, b = buf.a, buf.b
+    _order_keys_into(x, buf, a)
+    a <<= _32
+    _order_keys_into(y, buf, b)
+    a |= b
+    a.sort(axis=-1)
+    rank_x = _centred_sorted_np(a, buf) + k  # ≥ 1
+    np.bitwise_and(a, _LOW, out=b)
+    b <<= _32
+    b |= rank_x.astype(np.uint64)
+    b.sort(axis=-1)
+    rank_y = _centred_sorted_np(b, buf)
+    rank_x = np.bitwise_and(b, _LOW, out=a).view(np.int64)
+    rank_x -= k
+    return np.einsum("...k,...k->...", rank_x, np.broadcast_to(rank_y, rank_x.shape))
+
+
+_ROWS_PER_TASK = 1024  # cache-sized blocks of rows; NumPy releases the GIL, so blocks run in threads
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
 
 
 def spearman_positive_np(x, y) -> np.ndarray:
-    """NumPy twin of `spearman_positive` (values ranked as float32, as the samplers see them)."""
+    """NumPy twin of `spearman_positive` (values ranked as float32, as the samplers see them), exact
+    (int64 numerator). On CPU it is far faster than XLA's sort, so `select` uses it there."""
     global _pool
     x = np.asarray(x, np.float32)
-    y = np.asarray(y, np.float32)
-    if y.ndim == 1 and x.ndim > 1:  # one sensitivity vector for every row: rank it once
-        return np.einsum("...k,k->...", _centred_ranks_np(x), _centred_ranks_np(y)) > 0
-    y = np.broadcast_to(y, x.shape)
-    if x.ndim != 2 or x.shape[0] <= _ROWS_PER_CHUNK:
-        return np.einsum("...k,...k->...", _centred_ranks_np(x), _centred_ranks_np(y)) > 0
-    if _pool is None:
-        _pool = concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
-    starts = range(0, x.shape[0], _ROWS_PER_CHUNK)
-    blocks = _pool.map(lambda i: spearman_positive_np(x[i:i + _ROWS_PER_CHUNK], y[i:i + _ROWS_PER_CHUNK]), starts)
-    return np.concatenate(list(blocks))
+    y = np.broadcast_to(np.asarray(y, np.float32), x.shape)
+    lead, k = x.shape[:-1], x.shape[-1]
+    x, y = x.reshape(-1, k), y.reshape(-1, k)
+    if x.shape[0] <= _ROWS_PER_TASK:
+        out = _spearman_numerator_np(x, y) > 0
+    else:
+        if _pool is None:
+            _pool = concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
+        tasks = range(0, x.shape[0], _ROWS_PER_TASK)
+        out = np.concatenate(list(_pool.map(
+            lambda i: _spearman_numerator_np(x[i:i + _ROWS_PER_TASK], y[i:i + _ROWS_PER_TASK]) > 0, tasks)))
+    return out.reshape(lead)
 
 
 def bucket_weights(scores: jax.Array, sensitivities: jax.Array, buckets: int = 10) -> jax.Array:

@@ -17,8 +17,9 @@ run mGEM if b̃ = 1 else GEM with ε₂ = (1 − split)·ε; ε = ε₁ + ε₂ 
 
 The min over b only needs b on the upper convex hull of the points (Δ_b, q_b − tΔ_b), a subset of the
 Pareto frontier of (q_b − tΔ_b high, Δ_b low) (valid for every t; a frontier on (q, −Δ) is wrong for
-t < 0). `frontier_size=m` walks at most m hull vertices in O(k·m) and falls back to the dense O(k²)
-formula when the chain is longer, so results are exact (up to float32 rounding).
+t < 0). `frontier_size=m` walks at most m hull vertices in O(k·m) (a loop that stops once every row's
+chain has ended) and falls back to the dense O(k²) formula when a chain is longer, so results are exact
+(up to float32 rounding).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jdp.selection import correlation, exact
+from jdp.selection import correlation, exact, rnm
 
 
 def default_shift(k: int, epsilon, beta: float = 0.5, negative: bool = False):
@@ -47,21 +48,30 @@ def gem_scores(scores: jax.Array, sensitivities: jax.Array, shift) -> jax.Array:
     return jnp.min(pair, axis=-1)
 
 
-def hull_chain(b: jax.Array, d: jax.Array, size: int) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Vertices of the upper convex hull of the points (d_j, b_j), walked leftwards from the largest b.
+def gem_scores_frontier(scores: jax.Array, sensitivities: jax.Array, shift,
+                        frontier_size: int) -> tuple[jax.Array, jax.Array]:
+    """`gem_scores` in O(k·m) for [..., k] inputs, m = the longest hull chain in the batch (≤ frontier_size).
 
-    For λ ≤ 0, g(λ) = max_j (b_j + λ d_j) is attained on this chain, and s_a = min_j (b_a − b_j)/(d_a + d_j)
-    is the smallest λ with g(λ) ≥ b_a − λ d_a, so the minimum may be restricted to the chain (a subset
-    of the Pareto frontier of (b high, d low); valid for any shift t). Each step moves from the current
-    vertex v to the point with smaller d minimising the slope (b_v − b_j)/(d_v − d_j) (ties: smallest
-    d), and repeats v once no point is left of it. Only min/max reductions are used (argmin and
-    gathers are slow on CPU). [..., k] inputs; returns the vertices' b and d [..., size] and
-    `overflow` [...] (True when the chain has more than `size` vertices: use the dense formula).
+    For λ ≤ 0, g(λ) = max_j (b_j + λ d_j) is attained on the upper convex hull of the points (d_j, b_j),
+    and s_a = min_j (b_a − b_j)/(d_a + d_j) is the smallest λ with g(λ) ≥ b_a − λ d_a, so the minimum
+    may be restricted to the hull's vertices left of the largest b (a subset of the Pareto frontier of
+    (b high, d low); valid for any shift t). The walk starts at the largest b and steps to the point with
+    smaller d minimising the slope (b_v − b_j)/(d_v − d_j) (ties: smallest d), folding each vertex into
+    the running minimum; a row that has no point left of its vertex stays put. The loop stops when no row
+    moves, or after `frontier_size` vertices. Only min/max reductions are used (argmin and gathers are
+    slow on CPU). Returns (s [..., k], overflow [...]): s is exact where overflow is False (overflow:
+    the chain had more than `frontier_size` vertices; use the dense formula there).
     """
+    q = jnp.asarray(scores)
+    d = jnp.broadcast_to(jnp.asarray(sensitivities, q.dtype), q.shape)
+    shift = jnp.asarray(shift, q.dtype)[..., None] if jnp.ndim(shift) else shift
+    b = q - shift * d
     bv = jnp.max(b, axis=-1, keepdims=True)
     dv = jnp.min(jnp.where(b == bv, d, jnp.inf), axis=-1, keepdims=True)
-    bs, ds = [bv], [dv]
-    for _ in range(size - 1):
+    s = jnp.minimum((b - bv) / (d + dv), 0.0)  # min(0, ·): the b = a term
+
+    def step(carry):
+        i, bv, dv, s, _ = carry
         left = d < dv
         slope = jnp.where(left, (bv - b) / jnp.where(left, dv - d, 1.0), jnp.inf)
         best = jnp.min(slope, axis=-1, keepdims=True)
@@ -70,24 +80,10 @@ def hull_chain(b: jax.Array, d: jax.Array, size: int) -> tuple[jax.Array, jax.Ar
         b_new = jnp.max(jnp.where(hit & (d == d_new), b, -jnp.inf), axis=-1, keepdims=True)
         moved = jnp.isfinite(best)
         bv, dv = jnp.where(moved, b_new, bv), jnp.where(moved, d_new, dv)
-        bs.append(bv)
-        ds.append(dv)
-    return jnp.concatenate(bs, -1), jnp.concatenate(ds, -1), jnp.any(d < dv, axis=-1)
+        return i + 1, bv, dv, jnp.minimum(s, (b - bv) / (d + dv)), jnp.any(moved)
 
-
-def gem_scores_frontier(scores: jax.Array, sensitivities: jax.Array, shift,
-                        frontier_size: int) -> tuple[jax.Array, jax.Array]:
-    """`gem_scores` in O(k·frontier_size) via the hull chain (`hull_chain`), for [..., k] inputs.
-
-    Returns (s [..., k], overflow [...]); s is exact where overflow is False.
-    """
-    q = jnp.asarray(scores)
-    d = jnp.broadcast_to(jnp.asarray(sensitivities, q.dtype), q.shape)
-    shift = jnp.asarray(shift, q.dtype)[..., None] if jnp.ndim(shift) else shift
-    b = q - shift * d
-    bf, df, overflow = hull_chain(b, d, frontier_size)
-    pair = (b[..., :, None] - bf[..., None, :]) / (d[..., :, None] + df[..., None, :])
-    return jnp.minimum(jnp.min(pair, axis=-1), 0.0), overflow  # min(0, ·): the b = a term
+    _, _, dv, s, _ = jax.lax.while_loop(lambda c: (c[0] < frontier_size - 1) & c[4], step, (0, bv, dv, s, True))
+    return s, jnp.any(d < dv, axis=-1)
 
 
 def _scores(q, d, t, frontier_size):
@@ -102,7 +98,7 @@ def _scores(q, d, t, frontier_size):
 
 def _select_on(key, s, epsilon, base):
     if base == "em":
-        return jax.random.categorical(key, epsilon * s / 2.0, axis=-1).astype(jnp.int32)
+        return rnm.sample_softmax(key, epsilon * s / 2.0)
     if base == "pf":
         noise = jax.random.exponential(key, s.shape, s.dtype)
         return jnp.argmax(s + (2.0 / epsilon) * noise, axis=-1).astype(jnp.int32)
@@ -126,13 +122,15 @@ def mgem(key: jax.Array, scores: jax.Array, sensitivities: jax.Array, epsilon, b
 
 
 def combined_gem(key: jax.Array, scores: jax.Array, sensitivities: jax.Array, epsilon, split: float = 0.5,
-                 beta: float = 0.5, base: str = "em", frontier_size: int | None = None) -> jax.Array:
+                 beta: float = 0.5, base: str = "em", frontier_size: int | None = None, positive=None) -> jax.Array:
     """ε-DP combined GEM: ε₁ = split·ε buys a randomized-response bit "Spearman(q, Δ) > 0"; the rest
-    ε₂ runs mGEM (bit 1) or GEM (bit 0). The split is not recoverable from the paper; default 0.5 (even split)."""
+    ε₂ runs mGEM (bit 1) or GEM (bit 0). The split is not recoverable from the paper; default 0.5 (even
+    split). `positive`: the (non-released) bit `spearman_positive(scores, sensitivities)` if already computed."""
     k_rr, k_sel = jax.random.split(key)
     eps1, eps2 = split * epsilon, (1.0 - split) * epsilon
     d = jnp.broadcast_to(sensitivities, scores.shape)
-    positive = correlation.spearman_positive(scores, d)
+    if positive is None:
+        positive = correlation.spearman_positive(scores, d)
     keep = jax.random.uniform(k_rr, scores.shape[:-1]) < jax.nn.sigmoid(eps1)  # e^ε₁/(1 + e^ε₁)
     use_mgem = jnp.where(keep, positive, ~positive)
     t = default_shift(scores.shape[-1], eps2, beta)

