@@ -109,12 +109,11 @@ def main():
         else:
             lines += [f"### {name}: not run", ""]
     lines += ["### Shortfalls and notes", "",
-              "- Speed: every mechanism but combined GEM is ≥ 20× diffprivlib's reused Exponential object at "
-              "k = 100 (RS_γ close to the bar: its Poissonized sampler draws one uniform and takes two logs per "
-              "candidate). Combined GEM stays ~10-14×: its randomized-response bit needs the sign of Spearman's ρ, "
-              "i.e. two sorts per row (NumPy's, in threads, since XLA:CPU's sort is ~20× slower), on top of the "
-              "GEM scores. The 2-core VM's throughput drifts by up to 2× between runs, so compare rows within "
-              "one run.",
+              "- Speed: every mechanism is ≥ 20× diffprivlib's reused Exponential object at k = 100 in the run "
+              "above; combined GEM is the slowest (its randomized-response bit needs the sign of Spearman's ρ: two "
+              "integer sorts per row, NumPy's in threads, since XLA:CPU's sort is ~20× slower) and RS_γ next (one "
+              "uniform and two logs per candidate). The 2-core VM's throughput drifts by up to 2× between runs, so "
+              "compare rows within one run.",
               "- Synthetic: the 'no correlation → RNM best' finding is not reproduced with our generators (GEM wins, "
               "because low-sensitivity candidates are still favoured when Δ is independent of q).",
               "- Recommendation: RS_γ is best at every ε, mGEM second (the paper reports mGEM best); RS_γ and RNMH "
