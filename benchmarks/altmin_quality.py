@@ -10,10 +10,11 @@ Parts (each writes benchmarks/results/altmin_quality_<part>.json and a PNG):
     PYTHONPATH=. python -m benchmarks.altmin_quality ml10m-synth --seeds 3 --epsilons 1 5
 
 Hyper-parameters are the library defaults (documented in AltMinConfig) except the item ridge scale
-`reg_scale`, which — as in the paper, where λ is tuned per method — is selected per (method, ε, μ)
-from REG_GRID (ML100K_REG_GRID on ML-100K) by VALIDATION RMSE on seed 0 and then used for every
-seed. The same grid is searched for every method; nothing is tuned on test data. (Hyper-parameter
-selection on private data is not itself privatised here, as in the paper.)
+`reg_scale` and, on ML-100K, the user ridge `user_reg`, which — as in the paper, where λ is tuned per
+method — are selected per (method, ε, μ) from REG_GRID × (1,) (ML100K_REG_GRID × ML100K_USER_REG_GRID
+on ML-100K) by VALIDATION RMSE on seed 0 and then used for every seed. The same grid is searched for
+every method; nothing is tuned on test data. (Hyper-parameter selection on private data is not itself
+privatised here, as in the paper.)
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ from jdp.multitask.weights import adaptive_weights
 MUS = (0.0, 1 / 8, 1 / 4, 1 / 3, 1 / 2, 1.0)
 REG_GRID = (0.5, 1.0, 2.0, 4.0)
 ML100K_REG_GRID = REG_GRID + (8.0, 16.0, 32.0)  # 943 users: the best λ sat at the top of REG_GRID
+ML100K_USER_REG_GRID = (1.0, 10.0, 100.0)  # 943 users: user solves on a noisy V need a stronger ridge
 APPENDIX_C_REG_GRID = (0.1, 0.25, 0.5, 1.0, 2.0)
 ML100K = pathlib.Path(__file__).resolve().parents[2] / "shared" / "datasets" / "ml-100k"
 
@@ -92,35 +94,42 @@ def part_appendix_c(args) -> list[dict]:
     return rows
 
 
-def _rating_rows(data, name, rating_range, args, methods, reg_grid=REG_GRID) -> list[dict]:
+def _rating_rows(data, name, rating_range, args, methods, reg_grid=REG_GRID, user_reg_grid=(None,)) -> list[dict]:
     rows = []
     grid = [("als", None, None, s) for s in range(args.als_seeds)]
     grid += [(m, e, mu, s) for e in args.epsilons for m, mus in methods for mu in mus for s in range(args.seeds)]
     selected = {}
     for method, eps, mu, seed in tqdm(grid, desc=name):
         key = (method, eps, mu)
-        if key not in selected:  # choose reg_scale by validation RMSE on seed 0
+        if key not in selected:  # choose (reg_scale, user_reg) by validation RMSE on seed 0
             trials = {}
-            for rs in (reg_grid if method != "als" else (None,)):
-                cfg = AltMinConfig(method=method, epsilon=eps, mu=0.25 if mu is None else mu, rating_range=rating_range, show_progress=False,
-                                   **({} if rs is None else {"reg_scale": rs}))
-                trials[rs] = rating_experiment(data, cfg, seed=0, split_seed=0)
+            reg_scales = (None,) if "sgd" in method else reg_grid  # noisy GD has no item ridge: reg_scale is unused
+            settings = [(None, None)] if method == "als" else [(rs, ur) for rs in reg_scales for ur in user_reg_grid]
+            for setting in settings:
+                trials[setting] = rating_experiment(data, _config(method, eps, mu, rating_range, *setting), seed=0, split_seed=0)
             selected[key] = min(trials, key=lambda r: trials[r]["metrics"]["rmse_valid"])
-            valid = {str(r): t["metrics"]["rmse_valid"] for r, t in trials.items()}
+            valid = {_setting_name(*r): t["metrics"]["rmse_valid"] for r, t in trials.items()}
         if seed == 0:
             row = trials[selected[key]]
         else:
-            rs = selected[key]
-            cfg = AltMinConfig(method=method, epsilon=eps, mu=0.25 if mu is None else mu, rating_range=rating_range, show_progress=False,
-                               **({} if rs is None else {"reg_scale": rs}))
-            row = rating_experiment(data, cfg, seed=seed, split_seed=0)
+            row = rating_experiment(data, _config(method, eps, mu, rating_range, *selected[key]), seed=seed, split_seed=0)
         row["data"] = name
-        row["validation_rmse_by_reg_scale"] = valid
+        row["validation_rmse_by_setting"] = valid
         rows.append(row)
         write_results(f"altmin_quality_{name.replace('-', '_')}_partial", rows)  # survive interruption (removed at the end)
-        print(f"{name} {method} eps={eps} mu={mu} seed={seed} reg_scale={selected[key]}: "
+        print(f"{name} {method} eps={eps} mu={mu} seed={seed} {_setting_name(*selected[key])}: "
               f"rmse_valid={row['metrics']['rmse_valid']:.4f} rmse_test={row['metrics']['rmse_test']:.4f}", flush=True)
     return rows
+
+
+def _config(method, eps, mu, rating_range, reg_scale=None, user_reg=None) -> AltMinConfig:
+    extra = {k: v for k, v in (("reg_scale", reg_scale), ("user_reg", user_reg)) if v is not None}
+    return AltMinConfig(method=method, epsilon=eps, mu=0.25 if mu is None else mu, rating_range=rating_range,
+                        show_progress=False, **extra)
+
+
+def _setting_name(reg_scale, user_reg) -> str:
+    return f"reg_scale={reg_scale},user_reg={user_reg if user_reg is not None else 'default'}"
 
 
 ALL_METHODS = [("dpals-uniform", (0.25,)), ("dpals-tail", (0.25,)), ("ada-dpals", MUS[1:5]),
@@ -130,7 +139,8 @@ DPALS_METHODS = [("dpals-uniform", (0.25,)), ("dpals-tail", (0.25,)), ("ada-dpal
 
 def part_ml100k(args) -> list[dict]:
     path = pathlib.Path(args.data_path) if args.data_path else ML100K
-    return _rating_rows(load_movielens(path), "ml-100k", (1.0, 5.0), args, ALL_METHODS, ML100K_REG_GRID)
+    return _rating_rows(load_movielens(path), "ml-100k", (1.0, 5.0), args, ALL_METHODS, ML100K_REG_GRID,
+                        ML100K_USER_REG_GRID)
 
 
 def part_ml10m_synth(args) -> list[dict]:

@@ -36,7 +36,8 @@ def test_report_composes_every_release_to_the_target(small, method, names):
     # SSP noise scales: std = σ·√k·Γ² on A, σ·√k·Γ·Γy on b
     if "SSP" in names[-1]:
         a, b = rep.releases[-2], rep.releases[-1]
-        assert a.sensitivity == pytest.approx(10.0) and b.sensitivity == pytest.approx(10.0 * 2.25)
+        g = model.config.user_clip  # Γ (default 0.5); √k = 10, Γy = 2.25
+        assert a.sensitivity == pytest.approx(10.0 * g**2) and b.sensitivity == pytest.approx(10.0 * g * 2.25)
         assert a.noise_scale / a.sensitivity == pytest.approx(model.noise_multiplier)
 
 
