@@ -4,10 +4,14 @@ Parts (each writes benchmarks/results/altmin_quality_<part>.json and a PNG):
   appendix-c   task-weighted SSP on the paper's appendix-C synthetic tasks (a = 1, 2), μ sweep
   ml-100k      every method on MovieLens-100K (RMSE), beside non-private ALS
   ml10m-synth  DPALS family on an ML10M-scale planted power-law synthetic (69,878 × 10,677, 10M ratings)
+  ml10m-synth-reg  the same data at one ε: every reg_scale of a grid for uniform / tail / adaptive weights, to
+               show how the ordering of the budget allocations depends on the item ridge (an analysis sweep,
+               not a selection: nothing here picks a setting)
 
     PYTHONPATH=. python -m benchmarks.altmin_quality appendix-c --seeds 3
     PYTHONPATH=. python -m benchmarks.altmin_quality ml-100k --seeds 3
     PYTHONPATH=. python -m benchmarks.altmin_quality ml10m-synth --seeds 3 --epsilons 1 5
+    PYTHONPATH=. python -m benchmarks.altmin_quality ml10m-synth-reg --seeds 3 --epsilons 1
 
 Hyper-parameters are the library defaults (documented in AltMinConfig) except the item ridge scale
 `reg_scale` and, on ML-100K, the user ridge `user_reg`, which — as in the paper, where λ is tuned per
@@ -148,6 +152,58 @@ def part_ml10m_synth(args) -> list[dict]:
     return _rating_rows(data, "ml10m-synthetic", (0.5, 5.0), args, DPALS_METHODS)
 
 
+SWEEP_REG_GRID = (0.25, 0.5, 1.0, 2.0, 4.0)
+SWEEP_METHODS = (("dpals-uniform", None), ("dpals-tail", None), ("ada-dpals", 0.0), ("ada-dpals", 0.25))
+
+
+def part_ml10m_synth_reg(args) -> list[dict]:
+    data = planted_powerlaw(seed=0).data
+    grid = [(e, m, mu, rs, s) for e in args.epsilons for m, mu in SWEEP_METHODS for rs in SWEEP_REG_GRID
+            for s in range(args.seeds)]
+    rows = []
+    for eps, method, mu, rs, seed in tqdm(grid, desc="ml10m-synth-reg"):
+        row = rating_experiment(data, _config(method, eps, mu, (0.5, 5.0), rs), seed=seed, split_seed=0)
+        row.update(data="ml10m-synthetic", reg_scale=rs)
+        rows.append(row)
+        write_results("altmin_quality_ml10m_synth_reg_partial", rows)
+    return rows
+
+
+def summarise_sweep(rows: list[dict]) -> list[dict]:
+    """Mean over seeds per (method, ε, μ, reg_scale): test RMSE overall, per bucket, and on buckets 0-3."""
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["method"], r["epsilon"], r["mu"], r["reg_scale"]), []).append(r["metrics"])
+    out = []
+    for (method, eps, mu, rs), ms in groups.items():
+        sl = np.array([m["sliced"]["rmse_test"] for m in ms])
+        out.append({"data": "ml10m-synthetic", "method": method, "epsilon": eps, "mu": mu, "reg_scale": rs,
+                    "n_seeds": len(ms), "rmse_test_mean": float(np.mean([m["rmse_test"] for m in ms])),
+                    "rmse_valid_mean": float(np.mean([m["rmse_valid"] for m in ms])),
+                    "sliced_rmse_test_mean": [float(x) for x in sl.mean(axis=0)]})
+    return out
+
+
+def plot_sweep(summary: list[dict], name: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
+    panels = (("test RMSE", lambda s: s["rmse_test_mean"]), ("bucket 3 RMSE", lambda s: s["sliced_rmse_test_mean"][3]),
+              ("head-bucket RMSE", lambda s: s["sliced_rmse_test_mean"][4]))
+    for (method, mu) in SWEEP_METHODS:
+        sel = sorted((s for s in summary if s["method"] == method and s["mu"] == mu), key=lambda s: s["reg_scale"])
+        label = method + ("" if mu is None else f" mu={mu:g}")
+        for ax, (title, f) in zip(axes, panels):
+            ax.plot([s["reg_scale"] for s in sel], [f(s) for s in sel], marker="o", label=label)
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("reg_scale (item ridge λ / (2√d · noise std of A))")
+            ax.set_title(f"{title}, eps={sel[0]['epsilon']:g}" if sel else title, fontsize=9)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(RESULTS_DIR / f"{name}.png", dpi=110)
+
+
 def summarise(rows: list[dict]) -> list[dict]:
     """Mean ± std over seeds per (data, method, epsilon, mu[, counts])."""
     groups = {}
@@ -190,14 +246,25 @@ def plot(summary: list[dict], name: str) -> None:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("part", choices=["appendix-c", "ml-100k", "ml10m-synth"])
+    ap.add_argument("part", choices=["appendix-c", "ml-100k", "ml10m-synth", "ml10m-synth-reg"])
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--als-seeds", type=int, default=1, help="seeds of the non-private ALS reference row")
     ap.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 5.0, 20.0])
     ap.add_argument("--data-path", default=None)
     args = ap.parse_args()
-    rows = {"appendix-c": part_appendix_c, "ml-100k": part_ml100k, "ml10m-synth": part_ml10m_synth}[args.part](args)
     name = "altmin_quality_" + args.part.replace("-", "_")
+    if args.part == "ml10m-synth-reg":
+        rows = part_ml10m_synth_reg(args)
+        summary = summarise_sweep(rows)
+        path = write_results(name, rows, summary=summary)
+        (RESULTS_DIR / f"{name}_partial.json").unlink(missing_ok=True)
+        plot_sweep(summary, name)
+        print(f"wrote {path}")
+        for s in summary:
+            print(f"{s['method']:<14} mu={str(s['mu']):<5} eps={s['epsilon']:g} reg_scale={s['reg_scale']:<5} "
+                  f"rmse={s['rmse_test_mean']:.4f} buckets={[round(x, 3) for x in s['sliced_rmse_test_mean']]}")
+        return
+    rows = {"appendix-c": part_appendix_c, "ml-100k": part_ml100k, "ml10m-synth": part_ml10m_synth}[args.part](args)
     summary = summarise(rows)
     path = write_results(name, rows, summary=summary)
     for partial in RESULTS_DIR.glob("altmin_quality_*_partial.json"):
