@@ -31,7 +31,7 @@ def _summary(rows):
         head = sum(s[-1] for s in sl) / len(sl)
         cfg = rs[0].get("config", {})
         setting = rs[0].get("reg_scale", cfg.get("reg_scale"))
-        if "validation_rmse_by_setting" in rs[0] and rs[0]["method"] != "als":  # user ridge selected too
+        if any("user_reg=default" not in k for k in rs[0].get("validation_rmse_by_setting", {})):  # user ridge selected too
             setting = f"{setting} / {cfg.get('user_reg')}"
         out.append((*key, len(rs), mean, std, tail, head, setting))
     return sorted(out, key=lambda t: (t[0], str(t[4]), t[2] or 0, t[1], t[3] or 0))
@@ -107,23 +107,29 @@ def render() -> str:
         "  does with counts declared public (the paper's protocol: exact counts), but NOT with private counts, where",
         "  μ = 1/4 is best and μ = 1/2 is 2% (a = 1) / 0.6% (a = 2) worse than μ = 0. Tail-bucket RMSE falls",
         "  monotonically with μ up to 1/2 in every setting.",
-        "- ML10M-scale synthetic (reg_scale grid {0.5, 1, 2, 4}, μ ∈ {0, 1/8, 1/4, 1/2}): at ε = 5 the paper's ordering",
-        "  holds (best AdaDPALS μ=1/8 0.743 < tail 0.756 < uniform 0.761). At ε = 1 the best AdaDPALS (μ = 0: all of a",
-        "  user's ratings with budget-clipped equal weights, 0.839; μ = 1/8: 0.844) beats both sampling baselines, but",
-        "  tail sampling is slightly WORSE than uniform (0.847 vs 0.846, worse on each of the 3 seeds by 0.001-0.002):",
-        "  at ε = 1 every item bucket but the head is predicted worse than the global mean, so moving budget to the",
-        "  tail (tail sampling, μ ≥ 1/4) only costs head accuracy here; uniform sampling also needs no private item",
-        "  counts, so it trains with all of ε while tail and ada spend 12% of it on counts. Giving tail sampling a",
-        "  smaller count share does not change this: on seed 0 (validation RMSE, best reg_scale each) uniform 0.8487,",
-        "  tail with count_fraction 0.03 / 0.06 / 0.12: 0.8488 / 0.8495 / 0.8501 (a one-off probe, not in the table).",
-        "- ML-100K (943 users; reg_scale grid {0.5, …, 32}) is too small for user-level DP at these ε with this method:",
-        "  every private row is worse than predicting the (private) mean (≈1.13; ε = 1 rows ≈1.46 with a large spread",
-        "  over seeds), and the non-private ALS row (1.00, default λ, no tuning) is weak. Reported as measured. Widening",
-        "  the grid from {0.5, 1, 2, 4} to 32 changed no mean by more than 0.0005: the released V is rescaled to mean row",
-        "  norm 1 after each update, so λ only changes V's direction. At ε = 1 two things cost: the private mean itself",
-        "  (943 users, 3% of ε: mean-only test RMSE with the released mean 1.306 on seed 0) and the users' own",
-        "  least-squares fits to a noisy V (user_reg = 1, untuned): on seed 0 dpals-uniform gives 1.339 / 1.317 / 1.306",
-        "  with user_reg 1 / 10 / 100 (one-off probe). A user-ridge grid is the next thing to add to the protocol.",
+        "- ML10M-scale synthetic (reg_scale grid {0.5, 1, 2, 4}, μ ∈ {0, 1/8, 1/4, 1/2}, user clip Γ = 0.5): at ε = 5",
+        "  the paper's ordering holds (best AdaDPALS μ=1/8 0.743 < tail 0.755 < uniform 0.760). At ε = 1 the best",
+        "  AdaDPALS (μ = 0: all of a user's ratings with budget-clipped equal weights, 0.831; μ = 1/8: 0.835) beats",
+        "  both sampling baselines, but tail sampling is slightly WORSE than uniform (0.839 vs 0.838, worse on each",
+        "  of the 3 seeds by 0.0007-0.0012), so the acceptance ordering best ada < tail < uniform FAILS at ε = 1.",
+        "  The ridge sweep above shows why: with the item ridge below its validation optimum (reg_scale ≤ 1) the",
+        "  paper's ordering appears (tail < uniform at every such λ: 0.908 vs 0.912, 0.874 vs 0.878, 0.848 vs",
+        "  0.849) — there the noisy non-head rows are under-shrunk (buckets 0-2 RMSE ≈ 1.0 at reg_scale ≤ 0.5,",
+        "  above the mean-only RMSE 0.931 of all test ratings) and moving budget to them reduces that damage. At the",
+        "  validated λ (2) those rows are shrunk toward the mean (≈ 0.95), tail sampling has little left to win",
+        "  there and costs head accuracy; uniform also needs no private counts (all of ε for training; tail and ada",
+        "  spend 12% on counts). Probes on seed 0 (validation RMSE, not in the tables) that did not flip it: per-user",
+        "  budget k = 25 / 50 / 200 (tail worse at each, k = 100 best for both), user ridge 0.3 / 5 (worse than 1",
+        "  for both), count share 0.03 / 0.06 / 0.12 (tail 0.8488 / 0.8495 / 0.8501 vs uniform 0.8487, at Γ = 1).",
+        "  Changing Γ from 1 to 0.5 made every ε = 1 row ~1% better (uniform 0.8456 → 0.8380, tail 0.8470 → 0.8390)",
+        "  and ε = 5 rows 0.0005 better, without changing any ordering.",
+        "- ML-100K (943 users; reg_scale grid {0.5, …, 32} × user ridge {1, 10, 100}) is too small for user-level",
+        "  DP at ε = 1 with this method: every private row is the mean-only prediction (user ridge 100 selected),",
+        "  and that mean is itself private — 943 users at 3% of ε give a mean whose test RMSE is 1.306 / 1.456 /",
+        "  1.585 on seeds 0 / 1 / 2 (hence 1.45 ± 0.12). Selecting the user ridge made ε = 5 and 20 rows beat the",
+        "  mean-only level (≈1.13): ε = 20 best AdaDPALS μ = 1/8 1.090 < uniform 1.101 < tail 1.106; ε = 5 all",
+        "  within 1.145-1.150. The non-private ALS row (1.00, default λ, no tuning) is beside them. Reported as",
+        "  measured.",
         "- DPSGD variants: implemented and accounted, but the default learning rate is untuned (rows near the mean).",
         "",
     ]
