@@ -169,21 +169,6 @@ def part_ml10m_synth_reg(args) -> list[dict]:
     return rows
 
 
-def summarise_sweep(rows: list[dict]) -> list[dict]:
-    """Mean over seeds per (method, ε, μ, reg_scale): test RMSE overall, per bucket, and on buckets 0-3."""
-    groups = {}
-    for r in rows:
-        groups.setdefault((r["method"], r["epsilon"], r["mu"], r["reg_scale"]), []).append(r["metrics"])
-    out = []
-    for (method, eps, mu, rs), ms in groups.items():
-        sl = np.array([m["sliced"]["rmse_test"] for m in ms])
-        out.append({"data": "ml10m-synthetic", "method": method, "epsilon": eps, "mu": mu, "reg_scale": rs,
-                    "n_seeds": len(ms), "rmse_test_mean": float(np.mean([m["rmse_test"] for m in ms])),
-                    "rmse_valid_mean": float(np.mean([m["rmse_valid"] for m in ms])),
-                    "sliced_rmse_test_mean": [float(x) for x in sl.mean(axis=0)]})
-    return out
-
-
 def plot_sweep(summary: list[dict], name: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -205,17 +190,17 @@ def plot_sweep(summary: list[dict], name: str) -> None:
 
 
 def summarise(rows: list[dict]) -> list[dict]:
-    """Mean ± std over seeds per (data, method, epsilon, mu[, counts])."""
+    """Mean ± std over seeds per (data, method, epsilon, mu[, counts][, swept reg_scale])."""
     groups = {}
     for r in rows:
-        key = (r["data"], r["method"], r["epsilon"], r["mu"], r.get("counts"))
+        key = (r["data"], r["method"], r["epsilon"], r["mu"], r.get("counts"), r.get("reg_scale"))
         groups.setdefault(key, []).append(r["metrics"])
     out = []
-    for (data, method, eps, mu, counts), ms in groups.items():
+    for (data, method, eps, mu, counts, reg_scale), ms in groups.items():
         rm = np.array([m["rmse_test"] for m in ms])
         sl = np.array([m["sliced"]["rmse_test"] for m in ms])
-        out.append({"data": data, "method": method, "epsilon": eps, "mu": mu, "counts": counts, "n_seeds": len(ms),
-                    "rmse_test_mean": float(rm.mean()), "rmse_test_std": float(rm.std()),
+        out.append({"data": data, "method": method, "epsilon": eps, "mu": mu, "counts": counts, "reg_scale": reg_scale,
+                    "n_seeds": len(ms), "rmse_test_mean": float(rm.mean()), "rmse_test_std": float(rm.std()),
                     "sliced_rmse_test_mean": [float(x) for x in np.nanmean(sl, axis=0)]})
     return out
 
@@ -252,28 +237,21 @@ def main():
     ap.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 5.0, 20.0])
     ap.add_argument("--data-path", default=None)
     args = ap.parse_args()
+    part, plot_fn = {"appendix-c": (part_appendix_c, plot), "ml-100k": (part_ml100k, plot),
+                     "ml10m-synth": (part_ml10m_synth, plot), "ml10m-synth-reg": (part_ml10m_synth_reg, plot_sweep)}[args.part]
     name = "altmin_quality_" + args.part.replace("-", "_")
-    if args.part == "ml10m-synth-reg":
-        rows = part_ml10m_synth_reg(args)
-        summary = summarise_sweep(rows)
-        path = write_results(name, rows, summary=summary)
-        (RESULTS_DIR / f"{name}_partial.json").unlink(missing_ok=True)
-        plot_sweep(summary, name)
-        print(f"wrote {path}")
-        for s in summary:
-            print(f"{s['method']:<14} mu={str(s['mu']):<5} eps={s['epsilon']:g} reg_scale={s['reg_scale']:<5} "
-                  f"rmse={s['rmse_test_mean']:.4f} buckets={[round(x, 3) for x in s['sliced_rmse_test_mean']]}")
-        return
-    rows = {"appendix-c": part_appendix_c, "ml-100k": part_ml100k, "ml10m-synth": part_ml10m_synth}[args.part](args)
+    rows = part(args)
     summary = summarise(rows)
     path = write_results(name, rows, summary=summary)
     for partial in RESULTS_DIR.glob("altmin_quality_*_partial.json"):
         partial.unlink()
-    plot(summary, name)
+    plot_fn(summary, name)
     print(f"wrote {path}")
-    for s in sorted(summary, key=lambda s: (s["data"], str(s["counts"]), s["epsilon"] or 0, s["method"], s["mu"] or 0)):
+    for s in sorted(summary, key=lambda s: (s["data"], str(s["counts"]), s["epsilon"] or 0, s["method"], s["mu"] or 0,
+                                            s["reg_scale"] or 0)):
         print(f"{s['data']:<18} {str(s['counts']):<8} eps={str(s['epsilon']):<5} {s['method']:<18} mu={str(s['mu']):<6} "
-              f"rmse={s['rmse_test_mean']:.4f}±{s['rmse_test_std']:.4f} tail={s['sliced_rmse_test_mean'][0]:.4f}")
+              f"reg_scale={str(s['reg_scale']):<5} rmse={s['rmse_test_mean']:.4f}±{s['rmse_test_std']:.4f} "
+              f"buckets={[round(x, 3) for x in s['sliced_rmse_test_mean']]}")
 
 
 if __name__ == "__main__":
