@@ -13,12 +13,14 @@ Parts (each writes benchmarks/results/altmin_quality_<part>.json and a PNG):
     PYTHONPATH=. python -m benchmarks.altmin_quality ml10m-synth --seeds 3 --epsilons 1 5
     PYTHONPATH=. python -m benchmarks.altmin_quality ml10m-synth-reg --seeds 3 --epsilons 1
 
-Hyper-parameters are the library defaults (documented in AltMinConfig) except the item ridge scale
-`reg_scale` and, on ML-100K, the user ridge `user_reg`, which — as in the paper, where λ is tuned per
-method — are selected per (method, ε, μ) from REG_GRID × (1,) (ML100K_REG_GRID × ML100K_USER_REG_GRID
-on ML-100K) by VALIDATION RMSE on seed 0 and then used for every seed. The same grid is searched for
-every method; nothing is tuned on test data. (Hyper-parameter selection on private data is not itself
-privatised here, as in the paper.)
+Hyper-parameters are the library defaults (documented in AltMinConfig) except the embedding dimension,
+the item ridge scale `reg_scale` and, on ML-100K, the user ridge `user_reg`, which — as in the paper,
+where they are tuned per method — are selected per (method, ε, μ) from {d₀/2, d₀, 2·d₀} × REG_GRID
+(× ML100K_USER_REG_GRID on ML-100K, with ML100K_REG_GRID) by VALIDATION RMSE on seed 0 and then used for
+every seed; d₀ is the library's default dimension for that data, method and ε (`default_dim`). The same
+grid is searched for every method; nothing is tuned on test data. (Hyper-parameter selection on
+private data is not itself privatised here, as in the paper.) The ml10m-synth-reg sweep runs at the
+default dimension.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from tqdm.auto import tqdm
 from benchmarks.common import RESULTS_DIR, write_results
 from jdp.accounting import PrivacyReport, calibrate
 from jdp.altmin import AltMinConfig
+from jdp.altmin.model import calibrate_noise, default_dim
 from jdp.altmin.experiment import rating_experiment
 from jdp.data import appendix_c, load_movielens, planted_powerlaw, split_ratings
 from jdp.metrics import popularity_buckets, sliced_rmse
@@ -105,10 +108,12 @@ def _rating_rows(data, name, rating_range, args, methods, reg_grid=REG_GRID, use
     selected = {}
     for method, eps, mu, seed in tqdm(grid, desc=name):
         key = (method, eps, mu)
-        if key not in selected:  # choose (reg_scale, user_reg) by validation RMSE on seed 0
+        if key not in selected:  # choose (dim, reg_scale, user_reg) by validation RMSE on seed 0
             trials = {}
             reg_scales = (None,) if "sgd" in method else reg_grid  # noisy GD has no item ridge: reg_scale is unused
-            settings = [(None, None)] if method == "als" else [(rs, ur) for rs in reg_scales for ur in user_reg_grid]
+            settings = [(None, None, None)] if method == "als" else [
+                (dim, rs, ur) for dim in _dim_grid(data, method, eps, mu, rating_range)
+                for rs in reg_scales for ur in user_reg_grid]
             for setting in settings:
                 trials[setting] = rating_experiment(data, _config(method, eps, mu, rating_range, *setting), seed=0, split_seed=0)
             selected[key] = min(trials, key=lambda r: trials[r]["metrics"]["rmse_valid"])
@@ -126,14 +131,21 @@ def _rating_rows(data, name, rating_range, args, methods, reg_grid=REG_GRID, use
     return rows
 
 
-def _config(method, eps, mu, rating_range, reg_scale=None, user_reg=None) -> AltMinConfig:
-    extra = {k: v for k, v in (("reg_scale", reg_scale), ("user_reg", user_reg)) if v is not None}
+def _config(method, eps, mu, rating_range, dim=None, reg_scale=None, user_reg=None) -> AltMinConfig:
+    extra = {k: v for k, v in (("dim", dim), ("reg_scale", reg_scale), ("user_reg", user_reg)) if v is not None}
     return AltMinConfig(method=method, epsilon=eps, mu=0.25 if mu is None else mu, rating_range=rating_range,
                         show_progress=False, **extra)
 
 
-def _setting_name(reg_scale, user_reg) -> str:
-    return f"reg_scale={reg_scale},user_reg={user_reg if user_reg is not None else 'default'}"
+def _dim_grid(data, method, eps, mu, rating_range) -> tuple[int, ...]:
+    """{d₀/2, d₀, 2·d₀} around the library default d₀ (computed from public sizes and the calibrated σ)."""
+    sigma = calibrate_noise(_config(method, eps, mu, rating_range).resolve())[2]
+    d0 = default_dim(data.n_users, data.n_items, AltMinConfig.budget, sigma)
+    return tuple(sorted({max(1, d0 // 2), d0, 2 * d0}))
+
+
+def _setting_name(dim, reg_scale, user_reg) -> str:
+    return f"dim={dim},reg_scale={reg_scale},user_reg={user_reg if user_reg is not None else 'default'}"
 
 
 ALL_METHODS = [("dpals-uniform", (0.25,)), ("dpals-tail", (0.25,)), ("ada-dpals", MUS[1:5]),
@@ -162,7 +174,7 @@ def part_ml10m_synth_reg(args) -> list[dict]:
             for s in range(args.seeds)]
     rows = []
     for eps, method, mu, rs, seed in tqdm(grid, desc="ml10m-synth-reg"):
-        row = rating_experiment(data, _config(method, eps, mu, (0.5, 5.0), rs), seed=seed, split_seed=0)
+        row = rating_experiment(data, _config(method, eps, mu, (0.5, 5.0), reg_scale=rs), seed=seed, split_seed=0)
         row.update(data="ml10m-synthetic", reg_scale=rs)
         rows.append(row)
         write_results("altmin_quality_ml10m_synth_reg_partial", rows)

@@ -33,6 +33,8 @@ def _summary(rows):
         setting = rs[0].get("reg_scale", cfg.get("reg_scale"))
         if any("user_reg=default" not in k for k in rs[0].get("validation_rmse_by_setting", {})):  # user ridge selected too
             setting = f"{setting} / {cfg.get('user_reg')}"
+        if cfg.get("dim") is not None and "reg_scale" not in rs[0]:  # selected rows: dim first
+            setting = f"{cfg['dim']} / {setting}"
         out.append((*key, len(rs), mean, std, tail, head, setting))
     return sorted(out, key=lambda t: (t[0], str(t[4]), t[2] or 0, t[1], t[3] or 0))
 
@@ -84,7 +86,7 @@ def render() -> str:
         note = " — PARTIAL run (interrupted)" if suffix else ""
         lines += [f"### {title}{note}", "", f"`{res['command']}`, commit `{res['git_commit'][:10]}`, {res['device']}", "",
                   "| data | counts | ε | method | μ | seeds | test RMSE (mean ± std) | tail-bucket RMSE | head-bucket RMSE | "
-                  + ("reg_scale / user_reg |" if part == "ml_100k" else "reg_scale |"),
+                  + ("dim / reg_scale / user_reg |" if part == "ml_100k" else "dim / reg_scale |"),
                   "|---|---|---|---|---|---|---|---|---|---|"]
         for data, method, eps, mu, counts, n, mean, std, tail, head, rs in _summary(res["results"]):
             mu_s = "-" if mu is None else f"{mu:.3g}"

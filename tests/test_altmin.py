@@ -6,6 +6,7 @@ import pytest
 
 from jdp.accounting import compute_epsilon
 from jdp.altmin import AltMinConfig, calibrate_noise, fit
+from jdp.altmin.model import default_dim
 from jdp.altmin.experiment import rating_experiment
 from jdp.data import planted_powerlaw, split_ratings
 
@@ -49,6 +50,20 @@ def test_calibration_uses_bisection_on_the_whole_event():
                                         dp_accounting.SelfComposedDpEvent(dp_accounting.ComposedDpEvent([g(sigma)] * 2), 2)])
     assert compute_epsilon(ev, 1e-5) == pytest.approx(1.0, rel=1e-3)
     assert compute_epsilon(dp_accounting.SelfComposedDpEvent(g(s_mean), 2), 1e-5) == pytest.approx(0.03, rel=1e-2)
+
+
+def test_default_dim_depends_on_public_sizes_and_noise_only(small):
+    # more noise or fewer users per item never give a larger dimension; bounded to [2, 32]
+    sigmas = [0.005, 0.05, 0.5, 2.0, 8.0, 50.0, 1e4]
+    dims = [default_dim(69_878, 10_677, 100, s) for s in sigmas]
+    assert dims == sorted(dims, reverse=True) and dims[0] == 32 and dims[-1] == 2
+    assert default_dim(943, 1682, 100, 0.86) <= default_dim(69_878, 10_677, 100, 0.86)
+    # fit() resolves an unset dim from the calibrated σ and the id-space sizes, never from the ratings
+    _, (train, _, _) = small
+    model = fit(train, AltMinConfig(method="dpals-uniform", epsilon=2.0, steps=1, show_progress=False))
+    assert model.config.dim == default_dim(train.n_users, train.n_items, 100, model.noise_multiplier)
+    assert model.item_factors.shape == (train.n_items, model.config.dim)
+    assert AltMinConfig(method="als").resolve().dim == 32
 
 
 def test_sharded_item_update_equals_unsharded(small):

@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--epsilon", type=float, default=1.0, help="total ε (ignored for the non-private 'als')")
     p.add_argument("--delta", type=float, default=1e-5)
     p.add_argument("--mu", type=float, default=0.25, help="adaptive-weight exponent (ada-* methods)")
-    p.add_argument("--dim", type=int, default=None, help="embedding dimension (default depends on ε)")
+    p.add_argument("--dim", type=int, default=None, help="embedding dimension (default: from the data sizes and the noise, see default_dim)")
     p.add_argument("--steps", type=int, default=None, help="alternating steps (default depends on ε)")
     p.add_argument("--budget", type=int, default=100, help="per-user budget k (Σ_i w_ij² ≤ k)")
     p.add_argument("--n-shards", type=int, default=1, help="devices for the item update (0 = all local devices)")
