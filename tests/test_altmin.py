@@ -64,6 +64,10 @@ def test_default_dim_depends_on_public_sizes_and_noise_only(small):
     assert model.config.dim == default_dim(train.n_users, train.n_items, 100, model.noise_multiplier)
     assert model.item_factors.shape == (train.n_items, model.config.dim)
     assert AltMinConfig(method="als").resolve().dim == 32
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        default_dim(100, 10, 100, 0.0)
+    with pytest.raises(ValueError, match="dim and steps"):
+        AltMinConfig(method="dpals-uniform", dim=0).resolve()
 
 
 def test_sharded_item_update_equals_unsharded(small):

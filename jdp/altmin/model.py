@@ -101,8 +101,8 @@ class AltMinConfig:
         if self.weight_mode not in ("clip", "normalize"):
             raise ValueError(f"weight_mode must be 'clip' or 'normalize', got {self.weight_mode!r}")
         eps = self.epsilon if self.private else math.inf
-        dim = self.dim or (None if self.private else 32)  # private: set in fit() by default_dim()
-        steps = self.steps or (10 if not self.private else 2 if eps <= 2 else 3 if eps <= 10 else 4)
+        dim = self.dim if self.dim is not None else (None if self.private else 32)  # private: fit() → default_dim()
+        steps = self.steps if self.steps is not None else (10 if not self.private else 2 if eps <= 2 else 3 if eps <= 10 else 4)
         if (dim is not None and dim < 1) or steps < 1:
             raise ValueError(f"dim and steps must be >= 1, got {dim}, {steps}")
         label_clip = self.label_clip if self.label_clip is not None else 0.5 * (hi - lo)
@@ -198,7 +198,10 @@ def default_dim(n_users: int, n_items: int, budget: int, noise_multiplier: float
     kept in [2, 32]. Too large a d costs far more than too small a d (ML10M-scale synthetic, validation
     RMSE: ε = 20 d = 32 0.834 vs d = 8 0.708; ε = 5 d = 4 0.775 vs d = 8 0.763).
     """
-    per_item = min(n_users * budget / max(n_items, 1), float(n_users))
+    if min(n_users, n_items, budget) < 1:
+        raise ValueError(f"n_users, n_items and budget must be >= 1, got {n_users}, {n_items}, {budget}")
+    check_positive(noise_multiplier, "noise_multiplier")
+    per_item = min(n_users * budget / n_items, float(n_users))
     x = per_item / (2 * noise_multiplier * math.sqrt(budget))
     return int(min(32, max(2, 2 ** round(math.log2(2 * x ** (1 / 3))))))
 
