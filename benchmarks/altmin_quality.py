@@ -16,8 +16,9 @@ Parts (each writes benchmarks/results/altmin_quality_<part>.json and a PNG):
 Hyper-parameters are the library defaults (documented in AltMinConfig) except the embedding dimension,
 the item ridge scale `reg_scale` and, on ML-100K, the user ridge `user_reg`, which — as in the paper,
 where they are tuned per method — are selected per (method, ε, μ) from {d₀/2, d₀, 2·d₀} × REG_GRID
-(× ML100K_USER_REG_GRID on ML-100K, with ML100K_REG_GRID) by VALIDATION RMSE on seed 0 and then used for
-every seed; d₀ is the library's default dimension for that data, method and ε (`default_dim`). The same
+(× ML100K_USER_REG_GRID on ML-100K, with ML100K_REG_GRID) by VALIDATION RMSE: the whole grid on seed 0, then
+the 3 best (`--finalists`) on every seed, and the finalist with the best mean validation RMSE over the seeds
+is reported; d₀ is the library's default dimension for that data, method and ε (`default_dim`). The same
 grid is searched for every method; nothing is tuned on test data. (Hyper-parameter selection on
 private data is not itself privatised here, as in the paper.) The ml10m-synth-reg sweep runs at the
 default dimension.
@@ -102,33 +103,40 @@ def part_appendix_c(args) -> list[dict]:
 
 
 def _rating_rows(data, name, rating_range, args, methods, reg_grid=REG_GRID, user_reg_grid=(None,)) -> list[dict]:
-    rows = []
-    grid = [("als", None, None, s) for s in range(args.als_seeds)]
-    grid += [(m, e, mu, s) for e in args.epsilons for m, mus in methods for mu in mus for s in range(args.seeds)]
-    selected = {}
-    for method, eps, mu, seed in tqdm(grid, desc=name):
-        key = (method, eps, mu)
-        if key not in selected:  # choose (dim, reg_scale, user_reg) by validation RMSE on seed 0
-            trials = {}
-            reg_scales = (None,) if "sgd" in method else reg_grid  # noisy GD has no item ridge: reg_scale is unused
-            settings = [(None, None, None)] if method == "als" else [
-                (dim, rs, ur) for dim in _dim_grid(data, method, eps, mu, rating_range)
-                for rs in reg_scales for ur in user_reg_grid]
-            for setting in settings:
-                trials[setting] = rating_experiment(data, _config(method, eps, mu, rating_range, *setting), seed=0, split_seed=0)
-            selected[key] = min(trials, key=lambda r: trials[r]["metrics"]["rmse_valid"])
-            valid = {_setting_name(*r): t["metrics"]["rmse_valid"] for r, t in trials.items()}
-        if seed == 0:
-            row = trials[selected[key]]
-        else:
-            row = rating_experiment(data, _config(method, eps, mu, rating_range, *selected[key]), seed=seed, split_seed=0)
-        row["data"] = name
-        row["validation_rmse_by_setting"] = valid
-        rows.append(row)
+    """Per (method, ε, μ): every setting of the grid on seed 0, the `args.finalists` best by seed-0 validation
+    RMSE on every seed, and the finalist with the best MEAN validation RMSE over the seeds is reported (its
+    runs on each seed are the rows). A single-seed choice over-fits the seed: on ml10m-synth at ε = 1 a random
+    item initialisation that happened to suit dim 4 on seed 0 picked dim 4, whose test RMSE then spread
+    0.831-0.862 over seeds."""
+    rows = [_tagged(rating_experiment(data, _config("als", None, None, rating_range), seed=s, split_seed=0), name, {})
+            for s in range(args.als_seeds)]
+    keys = [(m, e, mu) for e in args.epsilons for m, mus in methods for mu in mus]
+    for method, eps, mu in tqdm(keys, desc=name):
+        reg_scales = (None,) if "sgd" in method else reg_grid  # noisy GD has no item ridge: reg_scale is unused
+        settings = [(dim, rs, ur) for dim in _dim_grid(data, method, eps, mu, rating_range)
+                    for rs in reg_scales for ur in user_reg_grid]
+        runs = {}  # setting -> [row per seed]
+        for setting in settings:
+            runs[setting] = [rating_experiment(data, _config(method, eps, mu, rating_range, *setting), seed=0, split_seed=0)]
+        valid0 = {st: r[0]["metrics"]["rmse_valid"] for st, r in runs.items()}
+        finalists = sorted(valid0, key=valid0.get)[:args.finalists]
+        for setting in finalists:
+            runs[setting] += [rating_experiment(data, _config(method, eps, mu, rating_range, *setting), seed=s, split_seed=0)
+                              for s in range(1, args.seeds)]
+        mean_valid = {st: float(np.mean([r["metrics"]["rmse_valid"] for r in runs[st]])) for st in finalists}
+        best = min(mean_valid, key=mean_valid.get)
+        selection = {"validation_rmse_by_setting": {_setting_name(*st): v for st, v in valid0.items()},
+                     "finalists_mean_validation_rmse": {_setting_name(*st): v for st, v in mean_valid.items()}}
+        for row in runs[best]:
+            rows.append(_tagged(row, name, selection))
+            print(f"{name} {method} eps={eps} mu={mu} seed={row['seed']} {_setting_name(*best)}: "
+                  f"rmse_valid={row['metrics']['rmse_valid']:.4f} rmse_test={row['metrics']['rmse_test']:.4f}", flush=True)
         write_results(f"altmin_quality_{name.replace('-', '_')}_partial", rows)  # survive interruption (removed at the end)
-        print(f"{name} {method} eps={eps} mu={mu} seed={seed} {_setting_name(*selected[key])}: "
-              f"rmse_valid={row['metrics']['rmse_valid']:.4f} rmse_test={row['metrics']['rmse_test']:.4f}", flush=True)
     return rows
+
+
+def _tagged(row: dict, name: str, selection: dict) -> dict:
+    return {**row, "data": name, **selection}
 
 
 def _config(method, eps, mu, rating_range, dim=None, reg_scale=None, user_reg=None) -> AltMinConfig:
@@ -246,6 +254,8 @@ def main():
     ap.add_argument("part", choices=["appendix-c", "ml-100k", "ml10m-synth", "ml10m-synth-reg"])
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--als-seeds", type=int, default=1, help="seeds of the non-private ALS reference row")
+    ap.add_argument("--finalists", type=int, default=3,
+                    help="settings (best on seed-0 validation) re-run on every seed; the best mean validation wins")
     ap.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 5.0, 20.0])
     ap.add_argument("--data-path", default=None)
     args = ap.parse_args()
