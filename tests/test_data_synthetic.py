@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from jdp.data import SyntheticTasks, appendix_c, planted_powerlaw
+from jdp.data import SyntheticTasks, appendix_c, planted_movielens, planted_powerlaw
 
 
 def test_appendix_c_statistics():
@@ -79,3 +79,44 @@ def test_planted_powerlaw_invalid():
         planted_powerlaw(n_users=10, n_items=10, nnz=10, rating_scale=(5.0, 1.0))
     with pytest.raises(ValueError, match="exponent"):
         planted_powerlaw(n_users=10, n_items=10, nnz=10, exponent=-1.0)
+
+
+def test_planted_movielens_small():
+    n_users, n_items, nnz = 4000, 1500, 200_000
+    s = planted_movielens(seed=0, n_users=n_users, n_items=n_items, nnz=nnz, rank=6)
+    d = s.data
+    assert (d.n_users, d.n_items, d.nnz) == (n_users, n_items, nnz)
+    assert s.user_factors.shape == (n_users, 8) and s.task_params.shape == (n_items, 8)  # rank + bias columns
+    codes = d.user.astype(np.int64) * n_items + d.item
+    assert np.all(np.diff(codes) > 0)
+    assert d.rating.min() >= 0.5 and d.rating.max() <= 5.0
+    assert abs(d.rating.mean() - 3.5) < 0.15 and 0.85 < d.rating.std() < 1.1
+    # log-normal marginals: a real tail of rare items (median far below the mean, unlike Zipf(1)) and
+    # skewed users
+    c = d.item_counts()
+    assert np.median(c) < 0.3 * c.mean() and (c < 0.05 * c.mean()).mean() > 0.1
+    uc = d.user_counts()
+    assert np.median(uc) < 0.7 * uc.mean() and uc.max() > 10 * np.median(uc)
+    # planted biases: popular items are rated higher (correlation ~0.4 with log popularity), user
+    # bias spread ~0.4; the bias columns are [c_j, 1] and [1, b_i]
+    item_bias, user_bias = s.task_params[:, -1], s.user_factors[:, -2]
+    assert np.all(s.user_factors[:, -1] == 1) and np.all(s.task_params[:, -2] == 1)
+    assert 0.25 < np.corrcoef(np.log(s.popularity), item_bias)[0, 1] < 0.55
+    assert 0.45 < item_bias.std() < 0.55 and 0.37 < user_bias.std() < 0.43
+    # realised per-item mean ratings follow the planted bias (items with ≥ 50 ratings)
+    item_mean = np.bincount(d.item, d.rating, n_items) / np.maximum(c, 1)
+    busy = c >= 50
+    assert np.corrcoef(item_mean[busy], item_bias[busy])[0, 1] > 0.8
+    resid = d.rating - s.expected_rating(d.user, d.item)
+    inside = (d.rating > 0.5) & (d.rating < 5.0)
+    assert 0.6 < resid[inside].std() < 0.75
+    again = planted_movielens(seed=0, n_users=n_users, n_items=n_items, nnz=nnz, rank=6)
+    assert np.array_equal(again.data.item, d.item) and np.array_equal(again.data.rating, d.rating)
+
+
+@pytest.mark.parametrize("kwargs, name", [(dict(popularity_bias_corr=1.5), "popularity_bias_corr"),
+                                          (dict(item_bias_std=-0.1), "item_bias_std"),
+                                          (dict(nnz=101), "nnz"), (dict(rank=0), "rank")])
+def test_planted_movielens_invalid(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        planted_movielens(**{**dict(n_users=10, n_items=10, nnz=10), **kwargs})
