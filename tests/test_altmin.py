@@ -8,7 +8,7 @@ from jdp.accounting import compute_epsilon
 from jdp.altmin import AltMinConfig, calibrate_noise, fit
 from jdp.altmin.model import default_dim
 from jdp.altmin.experiment import rating_experiment
-from jdp.data import planted_powerlaw, split_ratings
+from jdp.data import planted_movielens, planted_powerlaw, split_ratings
 
 
 @pytest.fixture(scope="module")
@@ -115,3 +115,10 @@ def test_cli_writes_json(tmp_path):
     assert row["privacy"]["epsilon"] == pytest.approx(3.0, rel=1e-3)
     assert len(row["metrics"]["sliced"]["rmse_test"]) == 5 and row["metrics"]["rmse_test"] > 0
     assert main(["altmin", "--data", "movielens", "--method", "ada-dpals"]) == 2  # clean error, no path
+
+
+def test_cli_synthetic_movielens_data():
+    from jdp.altmin.cli import load_data
+    data, rating_range = load_data("synthetic-movielens", None, 0, 600, 150, 12_000)
+    assert (data.n_users, data.n_items, data.nnz) == (600, 150, 12_000) and rating_range == (0.5, 5.0)
+    assert np.array_equal(data.rating, planted_movielens(seed=0, n_users=600, n_items=150, nnz=12_000).data.rating)

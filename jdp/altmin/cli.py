@@ -13,10 +13,12 @@ DEFAULT_ML100K = pathlib.Path("..") / "shared" / "datasets" / "ml-100k"
 
 def load_data(name: str, path: str | None, seed: int = 0, n_users: int = 20_000, n_items: int = 2_000,
               nnz: int = 1_000_000):
-    """`synthetic` (planted low-rank, power-law popularity), `ml-100k`, or `movielens` (any standard file)."""
-    from jdp.data import load_movielens, planted_powerlaw
-    if name == "synthetic":
-        return planted_powerlaw(seed=seed, n_users=n_users, n_items=n_items, nnz=nnz).data, (0.5, 5.0)
+    """`synthetic` (planted low-rank, Zipf popularity), `synthetic-movielens` (planted, calibrated to
+    MovieLens: log-normal marginals, item / user biases), `ml-100k`, or `movielens` (any standard file)."""
+    from jdp.data import load_movielens, planted_movielens, planted_powerlaw
+    if name in ("synthetic", "synthetic-movielens"):
+        generate = planted_powerlaw if name == "synthetic" else planted_movielens
+        return generate(seed=seed, n_users=n_users, n_items=n_items, nnz=nnz).data, (0.5, 5.0)
     if name == "ml-100k":
         candidates = [path, os.environ.get("JDP_ML100K"), DEFAULT_ML100K]
         for c in candidates:
@@ -34,7 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("altmin", help="DP alternating minimization (DPALS / AdaDPALS / DPSGD ...)",
                        description="Train a user-level DP matrix-factorization recommender and report RMSE, "
                                    "per-popularity-bucket RMSE and the privacy report.")
-    p.add_argument("--data", choices=["synthetic", "ml-100k", "movielens"], default="synthetic")
+    p.add_argument("--data", choices=["synthetic", "synthetic-movielens", "ml-100k", "movielens"], default="synthetic",
+                   help="synthetic: planted, Zipf popularity; synthetic-movielens: planted, MovieLens-calibrated")
     p.add_argument("--data-path", default=None, help="ratings file or folder (u.data, ratings.dat, ratings.csv)")
     p.add_argument("--method", choices=METHODS, default="ada-dpals")
     p.add_argument("--epsilon", type=float, default=1.0, help="total ε (ignored for the non-private 'als')")
