@@ -81,6 +81,8 @@ def render() -> str:
                   "run (reported in the JSON) because Ω does not change across steps.", ""]
     for part, title in (("appendix_c", "Appendix-C synthetic tasks (task-weighted SSP)"),
                         ("ml10m_synth", "ML10M-scale planted power-law synthetic (69,878 × 10,677, 10M ratings)"),
+                        ("ml10m_calibrated", "ML10M-scale synthetic calibrated to MovieLens (`planted_movielens`, "
+                                             "69,878 × 10,677, 10M ratings)"),
                         ("ml_100k", "MovieLens-100K (943 users)")):
         res, suffix = _load(f"altmin_quality_{part}")
         if not res:
@@ -88,7 +90,8 @@ def render() -> str:
         note = " — PARTIAL run (interrupted)" if suffix else ""
         lines += [f"### {title}{note}", "", f"`{res['command']}`, commit `{res['git_commit'][:10]}`, {res['device']}", "",
                   "| data | counts | ε | method | μ | seeds | test RMSE (mean ± std) | tail-bucket RMSE | head-bucket RMSE | "
-                  + {"ml_100k": "dim / reg_scale / user_reg |", "ml10m_synth": "dim / reg_scale |"}.get(part, "reg_scale |"),
+                  + {"ml_100k": "dim / reg_scale / user_reg |", "ml10m_synth": "dim / reg_scale |",
+                     "ml10m_calibrated": "dim / reg_scale |"}.get(part, "reg_scale |"),
                   "|---|---|---|---|---|---|---|---|---|---|"]
         for data, method, eps, mu, counts, n, mean, std, tail, head, rs in _summary(res["results"]):
             mu_s = "-" if mu is None else f"{mu:.3g}"

@@ -1,4 +1,5 @@
-"""Timing of jdp.data at MovieLens scale: planted_powerlaw at ML10M / ML20M size and MovieLens readers.
+"""Timing of jdp.data at MovieLens scale: planted_powerlaw at ML10M / ML20M size, planted_movielens at ML10M
+size (with its marginals beside the published ML10M ones) and the MovieLens readers.
 
 Run: PYTHONPATH=. python -m benchmarks.data_generation [--read-rows 5000000]
 Writes benchmarks/results/data_generation.json. Peak memory is the process's max RSS after each step
@@ -15,9 +16,17 @@ import pathlib
 import numpy as np
 
 from benchmarks.common import write_results
-from jdp.data import load_movielens, planted_powerlaw
+from jdp.data import load_movielens, planted_movielens, planted_powerlaw
 
 SIZES = {"ml10m": (69_878, 10_677, 10_000_000), "ml20m": (136_677, 20_108, 10_000_000)}
+RUNS = [(planted_powerlaw, "ml10m"), (planted_powerlaw, "ml20m"), (planted_movielens, "ml10m")]
+# Published ML10M marginals for comparison (LensKit's ML10M description; item median from its log-normal fit).
+ML10M_PUBLISHED = {"item_gini": 0.805, "max_item_count": 34_864, "median_item_count_fit": 141, "min_user_count": 20}
+
+
+def _gini(x: np.ndarray) -> float:
+    x = np.sort(x.astype(np.float64))
+    return float((2 * np.arange(1, x.size + 1) - x.size - 1) @ x / (x.size * x.sum()))
 
 
 def _peak_gb() -> float:
@@ -41,19 +50,24 @@ def main() -> None:
     args = ap.parse_args()
     rows = []
     data = None
-    for name, (n_users, n_items, nnz) in SIZES.items():
+    for generate, name in RUNS:
+        n_users, n_items, nnz = SIZES[name]
         t = time.perf_counter()
-        s = planted_powerlaw(seed=0, n_users=n_users, n_items=n_items, nnz=nnz)
+        s = generate(seed=0, n_users=n_users, n_items=n_items, nnz=nnz)
         dt = time.perf_counter() - t
         c = np.sort(s.data.item_counts())[::-1]
-        row = {"task": "planted_powerlaw", "size": name, "n_users": n_users, "n_items": n_items,
+        uc = s.data.user_counts()
+        row = {"task": generate.__name__, "size": name, "n_users": n_users, "n_items": n_items,
                "nnz": s.data.nnz, "seconds": round(dt, 2), "peak_rss_gb": round(_peak_gb(), 3),
                "top10pct_item_share": round(float(c[: n_items // 10].sum() / c.sum()), 4),
-               "max_item_count": int(c[0]), "min_item_count": int(c[-1]),
+               "max_item_count": int(c[0]), "median_item_count": float(np.median(c)), "min_item_count": int(c[-1]),
+               "items_below_10_ratings": round(float((c < 10).mean()), 4), "item_gini": round(_gini(c), 4),
+               "median_user_count": float(np.median(uc)), "min_user_count": int(uc.min()), "user_gini": round(_gini(uc), 4),
                "rating_mean": round(float(s.data.rating.mean()), 4), "rating_std": round(float(s.data.rating.std()), 4)}
         print(row, flush=True)
         rows.append(row)
-        data = s.data
+        if generate is planted_powerlaw:
+            data = s.data
     n = min(args.read_rows, data.nnz)
     rng = np.random.default_rng(0)
     idx = np.sort(rng.choice(data.nnz, n, replace=False))
@@ -73,7 +87,7 @@ def main() -> None:
             print(row, flush=True)
             rows.append(row)
             path.unlink()
-    write_results("data_generation", rows,
+    write_results("data_generation", rows, ml10m_published=ML10M_PUBLISHED,
                   command=f"PYTHONPATH=. python -m benchmarks.data_generation --read-rows {args.read_rows}")
 
 
