@@ -164,13 +164,14 @@ def _planted_ratings(rng: np.random.Generator, user: np.ndarray, item: np.ndarra
 
 
 def _check_planted(seed, n_users, n_items, nnz, rank, max_rounds, noise_std, spectrum_decay, mean,
-                   rating_scale) -> None:
-    """Validation shared by the planted generators (raises ValueError naming the argument)."""
+                   rating_scale) -> tuple[float, float, float, float]:
+    """Validation shared by the planted generators (raises ValueError naming the argument); returns
+    (noise_std, spectrum_decay, low, high) as floats."""
     for name, v in (("n_users", n_users), ("n_items", n_items), ("nnz", nnz), ("rank", rank),
                     ("max_rounds", max_rounds)):
         _pos_int(name, v)
-    _pos_float("noise_std", noise_std, allow_zero=True)
-    _pos_float("spectrum_decay", spectrum_decay, allow_zero=True)
+    noise_std = _pos_float("noise_std", noise_std, allow_zero=True)
+    spectrum_decay = _pos_float("spectrum_decay", spectrum_decay, allow_zero=True)
     lo, hi = (float(x) for x in rating_scale)
     if not (np.isfinite(lo) and np.isfinite(hi) and lo < hi):
         raise ValueError(f"rating_scale must be finite (low, high) with low < high, got {rating_scale!r}")
@@ -180,6 +181,7 @@ def _check_planted(seed, n_users, n_items, nnz, rank, max_rounds, noise_std, spe
         raise ValueError(f"nnz={nnz} exceeds n_users·n_items={n_users * n_items}")
     if seed is None or isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    return noise_std, spectrum_decay, lo, hi
 
 
 def planted_powerlaw(seed: int = 0, n_users: int = 69_878, n_items: int = 10_677, nnz: int = 10_000_000,
@@ -203,10 +205,10 @@ def planted_powerlaw(seed: int = 0, n_users: int = 69_878, n_items: int = 10_677
     like MovieLens. The output is sorted
     by (user, item) and has no duplicate pairs. `popularity` holds p_i.
     """
-    _check_planted(seed, n_users, n_items, nnz, rank, max_rounds, noise_std, spectrum_decay, mean, rating_scale)
+    noise_std, spectrum_decay, lo, hi = _check_planted(seed, n_users, n_items, nnz, rank, max_rounds, noise_std,
+                                                       spectrum_decay, mean, rating_scale)
     exponent = _pos_float("exponent", exponent, allow_zero=True)
     user_activity_exponent = _pos_float("user_activity_exponent", user_activity_exponent, allow_zero=True)
-    lo, hi = rating_scale
     rng = np.random.default_rng(seed)
     p_item = _zipf_probs(rng, n_items, exponent)
     p_user = _zipf_probs(rng, n_users, user_activity_exponent)
@@ -262,14 +264,14 @@ def planted_movielens(seed: int = 0, n_users: int = 69_878, n_items: int = 10_67
     [u_j, c_j, 1] and task_params = [v_i, 1, b_i] (rank + 2 columns). Sorted by (user, item), no
     duplicate pairs; `popularity` holds p_i.
     """
-    _check_planted(seed, n_users, n_items, nnz, rank, max_rounds, noise_std, spectrum_decay, mean, rating_scale)
+    noise_std, spectrum_decay, lo, hi = _check_planted(seed, n_users, n_items, nnz, rank, max_rounds, noise_std,
+                                                       spectrum_decay, mean, rating_scale)
     item_bias_std = _pos_float("item_bias_std", item_bias_std, allow_zero=True)
     user_bias_std = _pos_float("user_bias_std", user_bias_std, allow_zero=True)
     interaction_variance = _pos_float("interaction_variance", interaction_variance, allow_zero=True)
     rho = float(popularity_bias_corr)
     if not -1.0 <= rho <= 1.0:
         raise ValueError(f"popularity_bias_corr must be in [-1, 1], got {popularity_bias_corr!r}")
-    lo, hi = rating_scale
     rng = np.random.default_rng(seed)
     p_item = _lognormal_probs(rng, n_items, ML10M_ITEM_LOGNORMAL)
     p_user = _lognormal_probs(rng, n_users, ML10M_USER_LOGNORMAL)
