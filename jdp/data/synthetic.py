@@ -21,7 +21,8 @@ class SyntheticTasks:
     user_factors:  float32 [n_users, dim]  (features u_j / planted user factors)
     task_params:   float32 [n_items, dim]  (θ_i / planted item factors)
     popularity:    float64 [n_items]       (inclusion probability q_i for appendix C; sampling
-                                            probability p_i, summing to 1, for planted_powerlaw)
+                                            probability p_i, summing to 1, for planted_powerlaw
+                                            and planted_movielens)
     offset:        constant added to every noise-free label (global mean; 0 for appendix C)
     noise_std:     std of the label noise
     """
