@@ -82,7 +82,10 @@ def pure_dp_event(epsilon: float) -> dpe.DpEvent:
     log((1 - p/2)/(p/2)) = ε for p = 2/(1 + e^ε). Composition via PLD is then exact for pure DP.
     """
     epsilon = check_epsilon(epsilon)
-    return dpe.RandomizedResponseDpEvent(noise_parameter=2.0 / (1.0 + math.exp(epsilon)), num_buckets=2)
+    # 2/(1+e^ε) written with e^(-ε): no overflow for large ε (a calibration bracket probes ε up to 1e3);
+    # past ε ≈ 745 it is 0, i.e. no noise and an infinite ε, which is what such an event spends.
+    tail = math.exp(-epsilon)
+    return dpe.RandomizedResponseDpEvent(noise_parameter=2.0 * tail / (1.0 + tail), num_buckets=2)
 
 
 def _contains(event: dpe.DpEvent, kind: type) -> bool:
@@ -146,20 +149,30 @@ def calibrate(make_event: Callable[[float], dpe.DpEvent], epsilon: float, delta:
     """
     epsilon, delta = check_epsilon(epsilon), check_delta(delta)
     lo, hi = bracket
-    probe = make_event(hi)
+    if not (0 < lo < hi and math.isfinite(hi)):
+        raise ValueError(f"bracket must satisfy 0 < lo < hi < inf, got {bracket!r}")
+
+    # The bisection composes exactly the events compute_epsilon composes (self-composed pure-DP
+    # events expanded), so the two always agree on what a parameter spends.
+    def expanded_event(param: float) -> dpe.DpEvent:
+        return _expand_pure(make_event(param))
 
     def fresh():
-        return make_accountant(probe, accountant, orders)
+        return make_accountant(expanded_event(hi), accountant, orders)
 
-    eps_hi = compute_epsilon(probe, delta, accountant, orders)
+    eps_hi = compute_epsilon(make_event(hi), delta, accountant, orders)
     if eps_hi > epsilon:
         raise ValueError(
             f"cannot reach epsilon={epsilon} at delta={delta}: even parameter {hi} spends {eps_hi:.4g}")
     if compute_epsilon(make_event(lo), delta, accountant, orders) <= epsilon:
         return float(lo)
-    return float(dp_accounting.calibrate_dp_mechanism(
-        fresh, make_event, epsilon, delta,
+    param = float(dp_accounting.calibrate_dp_mechanism(
+        fresh, expanded_event, epsilon, delta,
         dp_accounting.ExplicitBracketInterval(lo, hi), tol=tol if tol is not None else 1e-6 * max(1.0, lo)))
+    spent = compute_epsilon(make_event(param), delta, accountant, orders)
+    if spent > epsilon * (1 + 1e-9):  # calibrate_dp_mechanism returns the feasible end; guard the contract
+        raise RuntimeError(f"calibration returned parameter {param} spending {spent} > epsilon={epsilon}")
+    return param
 
 
 # ----------------------------------------------------------------------------------------------------
