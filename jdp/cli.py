@@ -6,6 +6,8 @@ import importlib
 import importlib.util
 import sys
 
+from jdp.noise import resolve_seed
+
 # subcommand -> module providing `register(subparsers)`; modules are imported only when present.
 SUBCOMMANDS = {
     "demo": "jdp.demo",
@@ -14,6 +16,28 @@ SUBCOMMANDS = {
     "select": "jdp.selection.cli",
     "meta": "jdp.meta.cli",
 }
+
+
+SEED_HELP = ("seed of the privacy noise (default: fresh OS entropy, printed and written to the JSON output). "
+             "A fixed seed reproduces an experiment; never release a result whose seed others know.")
+
+
+def add_seed_arguments(parser: argparse.ArgumentParser, data_seed: bool = True) -> None:
+    """`--seed` (privacy noise, default fresh OS entropy) and `--data-seed` (synthetic data and splits:
+    public randomness, default 0 so experiments stay comparable)."""
+    parser.add_argument("--seed", type=int, default=None, help=SEED_HELP)
+    if data_seed:
+        parser.add_argument("--data-seed", type=int, default=0,
+                            help="seed of synthetic data generation and of data splits (not of any noise)")
+
+
+def noise_seed(args: argparse.Namespace) -> int:
+    """The run's noise seed (fresh OS entropy unless --seed was given), announced on stderr."""
+    seed = resolve_seed(args.seed)
+    origin = "fresh OS entropy" if args.seed is None else "from --seed"
+    print(f"noise seed {seed} ({origin}); `--seed {seed}` reproduces this run. Keep it secret: it regenerates "
+          "the privacy noise.", file=sys.stderr)
+    return seed
 
 
 def build_parser() -> argparse.ArgumentParser:

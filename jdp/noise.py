@@ -2,11 +2,36 @@
 
 Noise *scales* are absolute standard deviations (or Laplace/Gumbel scales); calibration to (ε, δ)
 lives in `jdp.accounting`.
+
+Seeds: whoever knows the seed of a release can regenerate its noise and subtract it, so a private
+entry point never falls back to a fixed default seed. `resolve_seed(None)` draws fresh OS entropy
+(`secrets`); an explicit seed is for reproducing an experiment, never for a result that is released.
 """
 from __future__ import annotations
 
+import secrets
+
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+SEED_BITS = 63  # jax.random.key takes any non-negative int64
+
+
+def resolve_seed(seed: int | None) -> int:
+    """`seed` validated, or a fresh 63-bit seed from OS entropy when None (the default of private APIs)."""
+    if seed is None:
+        return secrets.randbits(SEED_BITS)
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**SEED_BITS:
+        raise ValueError(f"seed must be None (fresh OS entropy) or an integer in [0, 2**{SEED_BITS}), got {seed!r}")
+    return int(seed)
+
+
+def seeded_key(seed: int | None) -> tuple[jax.Array, int]:
+    """(jax.random.key, the seed used): fresh OS entropy when `seed` is None. Record the seed to reproduce
+    a run; keep it as secret as the data, since it regenerates the noise."""
+    seed = resolve_seed(seed)
+    return jax.random.key(seed), seed
 
 
 def gaussian(key: jax.Array, shape: tuple[int, ...], std: float | jax.Array, dtype=jnp.float32) -> jax.Array:
@@ -67,5 +92,5 @@ def psd_project(a: jax.Array, floor: float = 0.0) -> jax.Array:
     return jnp.einsum("...ij,...j,...kj->...ik", v, w, v)
 
 
-__all__ = ["add_gaussian", "add_gaussian_tree", "clip_by_norm", "exponential", "gaussian", "gumbel", "laplace",
-           "psd_project", "symmetric_gaussian"]
+__all__ = ["SEED_BITS", "add_gaussian", "add_gaussian_tree", "clip_by_norm", "exponential", "gaussian", "gumbel", "laplace",
+           "psd_project", "resolve_seed", "seeded_key", "symmetric_gaussian"]

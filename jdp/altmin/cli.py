@@ -7,6 +7,7 @@ import os
 import pathlib
 
 from jdp.altmin.model import METHODS, AltMinConfig
+from jdp.cli import add_seed_arguments, noise_seed
 
 DEFAULT_ML100K = pathlib.Path("..") / "shared" / "datasets" / "ml-100k"
 
@@ -49,18 +50,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--n-shards", type=int, default=1, help="devices for the item update (0 = all local devices)")
     p.add_argument("--synthetic-size", type=int, nargs=3, metavar=("USERS", "ITEMS", "RATINGS"),
                    default=(20_000, 2_000, 1_000_000))
-    p.add_argument("--seed", type=int, default=0)
+    add_seed_arguments(p)
     p.add_argument("--out", default=None, help="JSON output file")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from jdp.altmin.experiment import rating_experiment
-    data, rating_range = load_data(args.data, args.data_path, args.seed, *args.synthetic_size)
+    data, rating_range = load_data(args.data, args.data_path, args.data_seed, *args.synthetic_size)
     cfg = AltMinConfig(method=args.method, epsilon=None if args.method == "als" else args.epsilon,
                        delta=args.delta, mu=args.mu, dim=args.dim, steps=args.steps, budget=args.budget,
                        rating_range=rating_range, n_shards=args.n_shards or None)
-    row = rating_experiment(data, cfg, seed=args.seed)
+    row = rating_experiment(data, cfg, seed=noise_seed(args), split_seed=args.data_seed)
     row["data"] = args.data
     m = row["metrics"]
     print(f"{row['method']}  epsilon={row['epsilon']}  RMSE test={m['rmse_test']:.4f} valid={m['rmse_valid']:.4f} "

@@ -16,8 +16,11 @@ from jdp.data import Interactions, concat, split_ratings
 from jdp.metrics import popularity_buckets, sliced_rmse
 
 
-def rating_experiment(data: Interactions, cfg: AltMinConfig, seed: int = 0, split_seed: int = 0) -> dict:
-    """Fits `cfg` on an 80/10/10 split of `data` and returns a JSON-ready result row."""
+def rating_experiment(data: Interactions, cfg: AltMinConfig, seed: int | None = None, split_seed: int = 0) -> dict:
+    """Fits `cfg` on an 80/10/10 split of `data` and returns a JSON-ready result row.
+
+    `seed` is the noise seed (None: fresh OS entropy; the one used is in the row); `split_seed` the
+    public randomness of the split."""
     train, valid, test = split_ratings(data, (0.8, 0.1, 0.1), seed=split_seed)
     t0 = time.perf_counter()
     model = fit(train, cfg, seed=seed)
@@ -42,7 +45,8 @@ def rating_experiment(data: Interactions, cfg: AltMinConfig, seed: int = 0, spli
         "epsilon": resolved.epsilon,
         "delta": resolved.delta if resolved.private else None,
         "mu": resolved.mu if resolved.method.startswith("ada") else None,
-        "seed": seed,
+        "seed": model.seed,
+        "split_seed": split_seed,
         "metrics": metrics,
         "privacy": model.report.to_dict(),
         "noise_multiplier": model.noise_multiplier,

@@ -31,7 +31,7 @@ from jdp.multitask.counts import private_counts, private_mean
 from jdp.multitask.noisy_gd import NoisyGDConfig, _run as _noisy_gd_run, record_noisy_gd_releases
 from jdp.multitask.ssp import check_user_budget, record_ssp_releases, solve_tasks, task_mesh
 from jdp.multitask.weights import adaptive_weights, tail_sampling_weights, uniform_sampling_weights
-from jdp.noise import clip_by_norm
+from jdp.noise import clip_by_norm, seeded_key
 
 METHODS = ("als", "dpals-uniform", "dpals-tail", "ada-dpals", "dpsgd-uniform", "dpsgd-tail", "ada-dpsgd")
 USERS_PER_BLOCK = 16384  # user solves run in blocks of this many users to bound memory (A is d×d per user)
@@ -121,6 +121,7 @@ class AltMinModel:
     report: PrivacyReport
     noise_multiplier: float | None
     timings: dict
+    seed: int | None = None  # the noise seed: reproduces the run; as secret as the data
 
     def user_factors(self, history: Interactions) -> np.ndarray:
         """Each user's embedding solved from V and the user's own ratings (no privacy cost)."""
@@ -211,8 +212,11 @@ def _needs_counts(method: str) -> bool:
     return method.endswith("tail") or method.startswith("ada")
 
 
-def fit(train: Interactions, cfg: AltMinConfig, seed: int = 0) -> AltMinModel:
-    """Trains with `cfg.method` on `train` and returns the released item matrix and the PrivacyReport."""
+def fit(train: Interactions, cfg: AltMinConfig, seed: int | None = None) -> AltMinModel:
+    """Trains with `cfg.method` on `train` and returns the released item matrix and the PrivacyReport.
+
+    `seed` seeds every noise draw; None (the default) draws fresh OS entropy, recorded in `model.seed`.
+    Pass a seed only to reproduce an experiment: whoever knows it can subtract the noise."""
     cfg = cfg.resolve()
     if train.nnz == 0:
         raise ValueError("train has no ratings")
@@ -221,7 +225,7 @@ def fit(train: Interactions, cfg: AltMinConfig, seed: int = 0) -> AltMinModel:
         raise ValueError(f"ratings must lie in the declared rating_range {cfg.rating_range}")
     timings = {}
     t0 = time.perf_counter()
-    key = jax.random.key(seed)
+    key, seed = seeded_key(seed)
     k_mean, k_counts, k_weights, k_init, k_train = jax.random.split(key, 5)
     user, item = jnp.asarray(train.user), jnp.asarray(train.item)
     n_users, n_items, k = train.n_users, train.n_items, cfg.budget
@@ -311,7 +315,7 @@ def fit(train: Interactions, cfg: AltMinConfig, seed: int = 0) -> AltMinModel:
             record_ssp_releases(report, sigma, float(k), gamma, gy, count=cfg.steps, prefix="item update (SSP)")
     timings["step_seconds"] = step_seconds
     timings["train_seconds"] = time.perf_counter() - t0
-    return AltMinModel(np.asarray(v), float(mean), cfg, report, sigma, timings)
+    return AltMinModel(np.asarray(v), float(mean), cfg, report, sigma, timings, seed)
 
 
 def evaluate_ratings(model: AltMinModel, history: Interactions, test: Interactions,

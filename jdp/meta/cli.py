@@ -13,6 +13,8 @@ import math
 import pathlib
 import time
 
+from jdp.cli import add_seed_arguments, noise_seed
+
 ALGORITHMS = ("meta-nsgd", "clustering", "ftmrl", "nonprivate", "local")
 SETTINGS = ("single-cluster", "multi-cluster", "authors")
 
@@ -44,7 +46,7 @@ def register(subparsers) -> None:
     p.add_argument("--inner-lr", type=float, default=0.07)
     p.add_argument("--inner-batch", type=int, default=4)
     p.add_argument("--output-iterate", choices=("last", "average"), default="last")
-    p.add_argument("--seed", type=int, default=0)
+    add_seed_arguments(p)
     p.add_argument("--out", type=pathlib.Path, default=None, help="also write the JSON here")
     p.set_defaults(func=run)
 
@@ -79,8 +81,9 @@ def run(args) -> int:
     steps = args.steps or args.n_tasks
     timings = {}
     t0 = time.perf_counter()
-    key = jax.random.PRNGKey(args.seed)
-    k_tr, k_te, k_run, k_ev = jax.random.split(key, 4)
+    seed = noise_seed(args)
+    k_tr, k_te, k_ev = jax.random.split(jax.random.key(args.data_seed), 3)  # tasks + evaluation: public randomness
+    k_run = jax.random.key(seed)  # the mechanism's noise
     train = _generate(args.setting, k_tr, args.n_tasks, args.n_points, args.dim)
     ft, ts = _generate(args.setting, k_te, args.n_test_tasks, args.n_finetune + args.n_test_points, args.dim).split_points(
         args.n_finetune)
@@ -123,7 +126,7 @@ def run(args) -> int:
         "noise_multiplier": None if result is None else result.noise_multiplier,
         "steps": None if result is None else result.steps,
         "batch_size": None if result is None else result.batch_size,
-        "privacy": report.to_dict(), "timings": timings,
+        "privacy": report.to_dict(), "timings": timings, "seed": seed, "data_seed": args.data_seed,
     }
     text = json.dumps(out, indent=2, default=lambda v: None if isinstance(v, float) and math.isinf(v) else float(v))
     print(text)

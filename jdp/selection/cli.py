@@ -21,6 +21,8 @@ import time
 
 import numpy as np
 
+from jdp.cli import add_seed_arguments, noise_seed
+
 
 def _load(path: str, name: str) -> np.ndarray:
     p = pathlib.Path(path)
@@ -44,7 +46,7 @@ def _problem(args):
             raise ValueError("--sensitivities is required with --scores (public per-candidate sensitivities)")
         return _load(args.scores, "--scores"), _load(args.sensitivities, "--sensitivities"), "file"
     sc = _scenario(args.scenario)
-    q, d = sc.draw(np.random.default_rng(args.seed), args.problems, args.k)
+    q, d = sc.draw(np.random.default_rng(args.data_seed), args.problems, args.k)
     return q.astype(np.float32), d.astype(np.float32), f"scenario:{sc.name}"
 
 
@@ -94,7 +96,7 @@ def run(args) -> int:
         for e in args.epsilons:
             check_epsilon(e, "--epsilons")
         sc = _scenario(args.scenario)
-        q, d = sc.draw(np.random.default_rng(args.seed), args.trials, args.k)
+        q, d = sc.draw(np.random.default_rng(args.data_seed), args.trials, args.k)
         t0 = time.perf_counter()
         curves = SC.mse_curves(q, d, args.mechanisms or SC.DEFAULT_MECHANISMS, args.epsilons)
         _emit({"scenario": sc.name, "description": sc.description, "k": args.k, "trials": args.trials,
@@ -107,7 +109,8 @@ def run(args) -> int:
     mech = S.get_mechanism(args.mechanism)  # private registry only
     mech.check_params(params)
     q, d, source = _problem(args)
-    key = jax.random.key(args.seed)
+    seed = noise_seed(args)
+    key = jax.random.key(seed)
     t0 = time.perf_counter()
     idx = S.select(args.mechanism, key, q, d, epsilon, **params)
     idx = np.asarray(jax.block_until_ready(idx))
@@ -118,7 +121,7 @@ def run(args) -> int:
     count = idx.size if args.rows_share_data else 1
     report = S.privacy_report(args.mechanism, epsilon, count=count, **params)
     n = idx.size
-    payload = {"mechanism": args.mechanism, "epsilon": epsilon, "params": params, "source": source,
+    payload = {"mechanism": args.mechanism, "epsilon": epsilon, "params": params, "source": source, "seed": seed,
                "problems": int(n), "k": int(q.shape[-1]), "selections": idx.reshape(-1).tolist()[: args.max_print],
                "privacy": report.to_dict(),
                "timings": {"first_call_s": first, "warm_call_s": warm, "selections_per_second": n / warm}}
@@ -138,7 +141,10 @@ def register(subparsers) -> None:
 
     def common(sp, data=True):
         sp.add_argument("--out", default=None, help="write JSON here (default: stdout)")
-        sp.add_argument("--seed", type=int, default=0)
+        if data:  # `run` draws noise (--seed); every command with data draws synthetic problems (--data-seed)
+            add_seed_arguments(sp)
+        else:
+            sp.add_argument("--data-seed", type=int, default=0, help="seed of synthetic problems")
         if data:
             sp.add_argument("--scores", default=None, help=".npy or CSV, [B, k] or [k]")
             sp.add_argument("--sensitivities", default=None, help=".npy or CSV, [k] or [B, k] (public)")

@@ -15,6 +15,8 @@ import time
 
 import numpy as np
 
+from jdp.cli import add_seed_arguments, noise_seed
+
 from jdp.seqrec.models import MODELS
 
 
@@ -50,7 +52,7 @@ def register(subparsers) -> None:
                    help="comma-separated shorter windows for short sequences (compute only; '' = none)")
     p.add_argument("--eval-every", type=float, default=0.0, help="validation every N epochs (0 = end only)")
     p.add_argument("--checkpoint", default=None, help="checkpoint file (resumed when present)")
-    p.add_argument("--seed", type=int, default=0)
+    add_seed_arguments(p, data_seed=False)
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--out", default=None, help="JSON output file")
     p.set_defaults(func=run)
@@ -79,10 +81,11 @@ def run(args: argparse.Namespace) -> int:
     public = None
     if args.public_item_counts:
         public = np.load(args.public_item_counts)
-    res = train(d, cfg, jax.random.key(args.seed), public_item_counts=public, checkpoint=args.checkpoint,
+    seed = noise_seed(args)
+    res = train(d, cfg, jax.random.key(seed), public_item_counts=public, checkpoint=args.checkpoint,
                 progress=not args.no_progress)
     out = {
-        "data": args.data, "model": args.model, "epsilon": cfg.epsilon, "delta": cfg.delta, "seed": args.seed,
+        "data": args.data, "model": args.model, "epsilon": cfg.epsilon, "delta": cfg.delta, "seed": seed,
         "device": jax.devices()[0].device_kind, "n_users": d.n_users, "n_items": d.n_items, "maxlen": d.maxlen,
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(cfg).items()},
         "noise_multiplier": res.noise_multiplier, "steps": res.steps,
