@@ -108,6 +108,29 @@ def _expand_pure(event: dpe.DpEvent) -> dpe.DpEvent:
     return event
 
 
+def _only_pure(event: dpe.DpEvent) -> bool:
+    if isinstance(event, (dpe.RandomizedResponseDpEvent, dpe.NoOpDpEvent)):
+        return True
+    if isinstance(event, dpe.ComposedDpEvent):
+        return all(_only_pure(e) for e in event.events)
+    return isinstance(event, dpe.SelfComposedDpEvent) and _only_pure(event.event)
+
+
+def _split_pure(event: dpe.DpEvent) -> tuple[list, list] | None:
+    """(pure-DP parts, other parts) of a composition; None when one part mixes both kinds."""
+    if isinstance(event, dpe.ComposedDpEvent):
+        pure, other = [], []
+        for part in event.events:
+            split = _split_pure(part)
+            if split is None:
+                return None
+            pure, other = pure + split[0], other + split[1]
+        return pure, other
+    if _only_pure(event):
+        return [event], []
+    return None if _contains(event, dpe.RandomizedResponseDpEvent) else ([], [event])
+
+
 def make_accountant(event: dpe.DpEvent | None = None, accountant: str = "rdp",
                     orders: Sequence[float] = DEFAULT_RDP_ORDERS,
                     pld_discretization: float = 1e-4) -> dp_accounting.PrivacyAccountant:
@@ -129,8 +152,26 @@ def make_accountant(event: dpe.DpEvent | None = None, accountant: str = "rdp",
 
 def compute_epsilon(event: dpe.DpEvent, delta: float, accountant: str = "rdp",
                     orders: Sequence[float] = DEFAULT_RDP_ORDERS) -> float:
-    """ε at the given δ of a (composed) event, from a dp_accounting accountant."""
+    """ε at the given δ of a (composed) event, from dp_accounting accountants.
+
+    Pure-DP events mixed with others: dp_accounting composes randomized response only under
+    REPLACE_ONE, where a Gaussian event counts with twice its add/remove sensitivity. So the result is
+    the smaller of (a) that joint REPLACE_ONE composition and (b) basic composition of the other
+    events' (ε₁, δ) under add/remove with the pure part's (ε₂, 0): both are valid bounds.
+    """
     delta = check_delta(delta)
+    split = _split_pure(event) if _contains(event, dpe.RandomizedResponseDpEvent) else None
+    if split is not None and split[0] and split[1]:
+        pure = _accounted_epsilon(dpe.ComposedDpEvent(split[0]), 0.0, accountant, orders)
+        basic = _accounted_epsilon(dpe.ComposedDpEvent(split[1]), delta, accountant, orders) + pure
+        try:
+            return min(basic, _accounted_epsilon(event, delta, accountant, orders))
+        except ValueError:  # subsampled events cannot join the REPLACE_ONE composition
+            return basic
+    return _accounted_epsilon(event, delta, accountant, orders)
+
+
+def _accounted_epsilon(event: dpe.DpEvent, delta: float, accountant: str, orders: Sequence[float]) -> float:
     event = _expand_pure(event)
     acc = make_accountant(event, accountant, orders)
     if not acc.supports(event):
@@ -144,39 +185,35 @@ def calibrate(make_event: Callable[[float], dpe.DpEvent], epsilon: float, delta:
               orders: Sequence[float] = DEFAULT_RDP_ORDERS, tol: float | None = None) -> float:
     """Smallest parameter (e.g. noise multiplier) in `bracket` whose event spends at most (ε, δ).
 
-    Uses dp_accounting.calibrate_dp_mechanism with an explicit bracket; raises ValueError when the
-    budget cannot be met inside the bracket (e.g. a fixed part of the budget already exceeds ε).
+    Bisection over `compute_epsilon` itself (the spend is non-increasing in the parameter), so the
+    calibrated parameter spends at most ε by exactly the rule the report uses; raises ValueError when
+    the budget cannot be met inside the bracket (e.g. a fixed part of the budget already exceeds ε).
     """
     epsilon, delta = check_epsilon(epsilon), check_delta(delta)
     lo, hi = bracket
     if not (0 < lo < hi and math.isfinite(hi)):
         raise ValueError(f"bracket must satisfy 0 < lo < hi < inf, got {bracket!r}")
 
-    # The bisection composes exactly the events compute_epsilon composes (self-composed pure-DP
-    # events expanded), so the two always agree on what a parameter spends.
-    def expanded_event(param: float) -> dpe.DpEvent:
-        return _expand_pure(make_event(param))
+    def spends(param: float) -> float:
+        return compute_epsilon(make_event(param), delta, accountant, orders)
 
-    def fresh():
-        return make_accountant(expanded_event(hi), accountant, orders)
-
-    eps_hi = compute_epsilon(make_event(hi), delta, accountant, orders)
+    eps_hi = spends(hi)
     if eps_hi > epsilon:
         raise ValueError(
             f"cannot reach epsilon={epsilon} at delta={delta}: even parameter {hi} spends {eps_hi:.4g}")
-    if compute_epsilon(make_event(lo), delta, accountant, orders) <= epsilon:
+    if spends(lo) <= epsilon:
         return float(lo)
-    param = float(dp_accounting.calibrate_dp_mechanism(
-        fresh, expanded_event, epsilon, delta,
-        dp_accounting.ExplicitBracketInterval(lo, hi), tol=tol if tol is not None else 1e-6 * max(1.0, lo)))
-    spent = compute_epsilon(make_event(param), delta, accountant, orders)
-    if spent > epsilon * (1 + 1e-9):  # calibrate_dp_mechanism returns the feasible end; guard the contract
-        raise RuntimeError(f"calibration returned parameter {param} spending {spent} > epsilon={epsilon}")
-    return param
+    tol = tol if tol is not None else 1e-6 * max(1.0, lo)
+    while hi - lo > tol:  # invariant: lo spends more than ε, hi at most ε
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if spends(mid) <= epsilon else (mid, hi)
+    return float(hi)
 
 
 # ----------------------------------------------------------------------------------------------------
 # PrivacyReport.
+NONPRIVATE_TUNING = ("hyper-parameters chosen non-privately on validation data: that choice is not "
+                     "accounted in epsilon")
 @dataclasses.dataclass(frozen=True)
 class Release:
     """One release: what was published, its event, its L2/L1 sensitivity and noise scale (std)."""
@@ -194,13 +231,16 @@ class Release:
 class PrivacyReport:
     """Ledger of every release of a private computation and their composed (ε, δ).
 
-    `unit` names the privacy unit (e.g. "user"), `relation` the neighbouring relation.
+    `unit` names the privacy unit (e.g. "user"), `relation` the neighbouring relation. `assumptions`
+    lists what the guarantee takes as public or leaves out (a public item catalogue, declared sizes,
+    hyper-parameters chosen non-privately): the ε holds only under them.
     """
     delta: float
     unit: str = "user"
     relation: str = "add/remove all data of one user"
     accountant: str = "rdp"
     releases: list[Release] = dataclasses.field(default_factory=list)
+    assumptions: list[str] = dataclasses.field(default_factory=list)
 
     def __post_init__(self):
         check_delta(self.delta)
@@ -211,6 +251,12 @@ class PrivacyReport:
             raise ValueError(f"count must be >= 1, got {count}")
         self.releases.append(Release(name, event, None if sensitivity is None else float(sensitivity),
                                      None if noise_scale is None else float(noise_scale), int(count)))
+        return self
+
+    def assume(self, text: str) -> "PrivacyReport":
+        """Records an assumption the guarantee rests on (once; e.g. NONPRIVATE_TUNING)."""
+        if text not in self.assumptions:
+            self.assumptions.append(str(text))
         return self
 
     def add_gaussian(self, name: str, sensitivity: float, noise_std: float, count: int = 1) -> "PrivacyReport":
@@ -244,6 +290,7 @@ class PrivacyReport:
             "delta": self.delta,
             "epsilon": self.epsilon(),
             "pure_epsilon": self.pure_epsilon(),
+            "assumptions": list(self.assumptions),
             "releases": [
                 {"name": r.name, "event": repr(r.event), "sensitivity": r.sensitivity,
                  "noise_scale": r.noise_scale, "count": r.count}
@@ -258,6 +305,7 @@ class PrivacyReport:
             noise = "-" if r.noise_scale is None else f"{r.noise_scale:.4g}"
             lines.append(f"  {r.name:<32} x{r.count:<4} sens={sens:<10} noise={noise:<10} {type(r.event).__name__}")
         lines.append(f"  total epsilon = {self.epsilon():.4f}")
+        lines += [f"  assumes: {a}" for a in self.assumptions]
         return "\n".join(lines)
 
 
@@ -270,7 +318,7 @@ def epsilons_from_orders(event: dpe.DpEvent, delta: float, orders: Sequence[floa
 
 
 __all__ = [
-    "DEFAULT_RDP_ORDERS", "REFERENCE_RDP_ORDERS", "PrivacyReport", "Release", "calibrate", "check_delta",
+    "DEFAULT_RDP_ORDERS", "NONPRIVATE_TUNING", "REFERENCE_RDP_ORDERS", "PrivacyReport", "Release", "calibrate", "check_delta",
     "check_epsilon", "check_positive", "compute_epsilon", "gaussian_event", "make_accountant",
     "pure_dp_event", "epsilons_from_orders",
 ]

@@ -1,8 +1,12 @@
 """DP alternating minimization for recommendation: `fit(train, AltMinConfig(method=...))`.
 
 Methods: 'als' (non-private reference), 'dpals-uniform', 'dpals-tail', 'ada-dpals', 'dpsgd-uniform',
-'dpsgd-tail', 'ada-dpsgd'. See `jdp.altmin.model` for the privacy statement.
+'dpsgd-tail', 'ada-dpsgd'. See `jdp.altmin.model` for the privacy statement; `tune_private` picks the
+configuration from a public grid privately (`jdp.altmin.tuning`).
 """
-from jdp.altmin.model import METHODS, AltMinConfig, AltMinModel, UserSolver, calibrate_noise, evaluate_ratings, fit, solve_users
+from jdp.altmin.model import (METHODS, AltMinConfig, AltMinModel, UserSolver, calibrate_noise, candidate_event,
+                              evaluate_ratings, fit, solve_users)
+from jdp.altmin.tuning import TunedModel, tune_private
 
-__all__ = ["METHODS", "AltMinConfig", "AltMinModel", "UserSolver", "calibrate_noise", "evaluate_ratings", "fit", "solve_users"]
+__all__ = ["METHODS", "AltMinConfig", "AltMinModel", "TunedModel", "UserSolver", "calibrate_noise", "candidate_event",
+           "evaluate_ratings", "fit", "solve_users", "tune_private"]

@@ -188,6 +188,17 @@ def calibrate_noise(cfg: AltMinConfig) -> tuple[float | None, float | None, floa
     return sigma_mean, sigma_counts, sigma
 
 
+def candidate_event(cfg: AltMinConfig) -> dp_accounting.DpEvent:
+    """The composed dp_accounting event of a private fit with `cfg` (noise calibrated to cfg.epsilon)."""
+    cfg = cfg.resolve()
+    if not cfg.private:
+        raise ValueError(f"method {cfg.method!r} is the non-private reference: it has no privacy event")
+    sigma_mean, sigma_counts, sigma = calibrate_noise(cfg)
+    pre = [_preprocess_event(sigma_mean, 2)] if cfg.center else []
+    pre += [_preprocess_event(sigma_counts, 1)] if _needs_counts(cfg.method) else []
+    return dp_accounting.ComposedDpEvent(pre + [_training_event(cfg, sigma)])
+
+
 def default_dim(n_users: int, n_items: int, budget: int, noise_multiplier: float) -> int:
     """Default embedding dimension of a private run, from PUBLIC quantities only (id-space sizes, k, σ).
 

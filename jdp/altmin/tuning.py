@@ -1,0 +1,112 @@
+"""Private hyper-parameter selection for DP alternating minimization.
+
+`tune_private(train, valid, configs, epsilon=..., delta=...)` fits every candidate configuration
+privately, scores each on validation ratings with a per-user bounded loss and picks one with an
+ε-DP selection mechanism (`jdp.selection.select_configuration`). Everything is in one PrivacyReport:
+the K candidate runs (all of them touch every user's data) and the selection.
+
+Unit of privacy: a user; neighbours add or remove all of one user's ratings, in train and valid.
+Budget: a fraction `selection_fraction` of ε goes to the selection (pure ε_sel-DP); the K runs share
+the rest, each at the same ε_run, calibrated with dp_accounting so that their composition spends
+(ε - ε_sel, δ); by basic composition with the pure selection the total is ≤ (ε, δ), and the report
+composes it exactly (usually a little less). The candidate grid must be public (fixed before seeing
+the data), e.g. a small grid over dim, reg_scale, μ and steps.
+
+Validation score of candidate c: q_c = -Σ_users min(mean squared error of the user's validation
+ratings, B) with B = (hi - lo)², each user's embedding solved from the released item matrix and the
+user's own training ratings (billboard model). Predictions are clipped to the public rating range, so
+a user's term lies in [0, B] and enters every q_c with the same sign: monotone scores of sensitivity B.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+from jdp.accounting import PrivacyReport, calibrate, check_delta, check_epsilon
+from jdp.altmin.model import AltMinConfig, AltMinModel, candidate_event, fit
+from jdp.data import Interactions
+from jdp.noise import resolve_seed, seeded_key
+from jdp.selection._checks import check_open_unit
+from jdp.selection.tuning import select_configuration
+
+
+@dataclasses.dataclass
+class TunedModel:
+    """The chosen model, its index in the grid and the report of the whole tuning (K runs + selection).
+
+    `validation_scores` are private statistics used by the mechanism: never publish them."""
+    model: AltMinModel
+    index: int
+    configs: tuple[AltMinConfig, ...]
+    report: PrivacyReport
+    run_epsilon: float
+    validation_scores: np.ndarray
+    seed: int
+
+
+def user_validation_losses(model: AltMinModel, train: Interactions, valid: Interactions) -> np.ndarray:
+    """Each user's mean squared error on their validation ratings [n_users] (0 for users without any)."""
+    users = model.user_factors(train)
+    err = (model.predict(users, valid.user, valid.item) - valid.rating) ** 2
+    n = np.bincount(valid.user, minlength=valid.n_users)
+    total = np.bincount(valid.user, weights=err, minlength=valid.n_users)
+    return np.where(n > 0, total / np.maximum(n, 1), 0.0)
+
+
+def run_epsilon(configs: Sequence[AltMinConfig], epsilon: float, delta: float) -> float:
+    """The per-candidate ε at which the K candidate runs together spend (epsilon, delta)."""
+    def composed(inverse_eps: float):
+        return _compose([candidate_event(dataclasses.replace(c, epsilon=1.0 / inverse_eps, delta=delta))
+                         for c in configs])
+    # ε_run lies between ε/(4K) (well below basic composition) and ε (one run alone).
+    k = len(configs)
+    return 1.0 / calibrate(composed, epsilon, delta, bracket=(1.0 / epsilon, 4.0 * k / epsilon), tol=1e-3 / epsilon)
+
+
+def _compose(events):
+    import dp_accounting
+    return dp_accounting.ComposedDpEvent(list(events))
+
+
+def tune_private(train: Interactions, valid: Interactions, configs: Sequence[AltMinConfig], *, epsilon: float,
+                 delta: float = 1e-5, selection_fraction: float = 0.1, seed: int | None = None) -> TunedModel:
+    """Fits every config at a shared ε_run and privately selects one; see the module docstring.
+
+    Every config must be private and share the rating range; their own epsilon/delta are replaced.
+    `seed` seeds all noise (None: fresh OS entropy, recorded in the result).
+    """
+    epsilon, delta = check_epsilon(epsilon), check_delta(delta)
+    selection_fraction = check_open_unit(selection_fraction, "selection_fraction")
+    configs = tuple(configs)
+    if len(configs) < 2:
+        raise ValueError(f"configs must hold at least 2 candidate configurations, got {len(configs)}")
+    if any(c.method == "als" for c in configs):
+        raise ValueError("configs must all be private methods ('als' is the non-private reference)")
+    if any(c.sample_rate != 1.0 for c in configs):  # pure-DP selection + subsampled events: no joint accountant
+        raise ValueError("tune_private supports full-batch configs only (sample_rate = 1)")
+    ranges = {tuple(c.rating_range) for c in configs}
+    if len(ranges) != 1:
+        raise ValueError(f"configs must share one public rating_range, got {sorted(ranges)}")
+    if valid.n_users != train.n_users or valid.n_items != train.n_items:
+        raise ValueError("train and valid must share the declared id spaces (n_users, n_items)")
+    lo, hi = ranges.pop()
+    seed = resolve_seed(seed)
+    eps_sel = selection_fraction * epsilon
+    eps_run = run_epsilon(configs, epsilon - eps_sel, delta)
+    report = PrivacyReport(delta, unit="user", relation="add/remove all ratings of one user (train and valid)")
+    models, scores = [], []
+    bound = (hi - lo) ** 2
+    for c, cfg in enumerate(configs):
+        model = fit(train, dataclasses.replace(cfg, epsilon=eps_run, delta=delta), seed=(seed + 1 + c) % 2**63)
+        for r in model.report.releases:
+            report.add(f"candidate {c}: {r.name}", r.event, r.sensitivity, r.noise_scale, r.count)
+        models.append(model)
+        scores.append(-np.minimum(user_validation_losses(model, train, valid), bound).sum())
+    key, _ = seeded_key(seed)
+    index = select_configuration(key, np.asarray(scores), bound, eps_sel, report)
+    return TunedModel(models[index], index, configs, report, eps_run, np.asarray(scores), seed)
+
+
+__all__ = ["TunedModel", "run_epsilon", "tune_private", "user_validation_losses"]
