@@ -181,13 +181,15 @@ class Release:
 class PrivacyReport:
     """Ledger of every release of a private computation and their composed (ε, δ).
 
-    `unit` names the privacy unit (e.g. "user"), `relation` the neighbouring relation.
+    `unit` names the privacy unit (e.g. "user"), `relation` the neighbouring relation, `assumptions`
+    what the computation treats as public without spending budget on it (e.g. declared sizes).
     """
     delta: float
     unit: str = "user"
     relation: str = "add/remove all data of one user"
     accountant: str = "rdp"
     releases: list[Release] = dataclasses.field(default_factory=list)
+    assumptions: list[str] = dataclasses.field(default_factory=list)
 
     def __post_init__(self):
         check_delta(self.delta)
@@ -198,6 +200,11 @@ class PrivacyReport:
             raise ValueError(f"count must be >= 1, got {count}")
         self.releases.append(Release(name, event, None if sensitivity is None else float(sensitivity),
                                      None if noise_scale is None else float(noise_scale), int(count)))
+        return self
+
+    def assume(self, text: str) -> "PrivacyReport":
+        """Records a public input or assumption the guarantee relies on (no privacy cost)."""
+        self.assumptions.append(str(text))
         return self
 
     def add_gaussian(self, name: str, sensitivity: float, noise_std: float, count: int = 1) -> "PrivacyReport":
@@ -236,6 +243,7 @@ class PrivacyReport:
                  "noise_scale": r.noise_scale, "count": r.count}
                 for r in self.releases
             ],
+            "assumptions": list(self.assumptions),
         }
 
     def __str__(self) -> str:
@@ -244,6 +252,7 @@ class PrivacyReport:
             sens = "-" if r.sensitivity is None else f"{r.sensitivity:.4g}"
             noise = "-" if r.noise_scale is None else f"{r.noise_scale:.4g}"
             lines.append(f"  {r.name:<32} x{r.count:<4} sens={sens:<10} noise={noise:<10} {type(r.event).__name__}")
+        lines += [f"  assumes: {a}" for a in self.assumptions]
         lines.append(f"  total epsilon = {self.epsilon():.4f}")
         return "\n".join(lines)
 
