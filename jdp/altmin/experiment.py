@@ -2,7 +2,11 @@
 
 Validation RMSE uses user embeddings solved on train; test RMSE re-solves them on train ∪ valid, as
 in the reference protocol. Buckets: items sorted by TRAINING count, 5 equal-size buckets (tail
-first); evaluation statistics are not released by the mechanism.
+first); evaluation statistics are not released by the mechanism. The model's public sizes are
+`data.n_users` / `data.n_items` (declared by whoever built `data`; see `jdp.altmin.model`); the
+exact `nnz` in "data_shape" and the metrics are evaluation outputs, not part of the private release.
+With `cfg.merge_duplicates` duplicate (user, item) rows are merged BEFORE splitting, so no pair is
+in both train and test.
 """
 from __future__ import annotations
 
@@ -18,6 +22,8 @@ from jdp.metrics import popularity_buckets, sliced_rmse
 
 def rating_experiment(data: Interactions, cfg: AltMinConfig, seed: int = 0, split_seed: int = 0) -> dict:
     """Fits `cfg` on an 80/10/10 split of `data` and returns a JSON-ready result row."""
+    if cfg.merge_duplicates:
+        data = data.merge_duplicates()
     train, valid, test = split_ratings(data, (0.8, 0.1, 0.1), seed=split_seed)
     t0 = time.perf_counter()
     model = fit(train, cfg, seed=seed)
