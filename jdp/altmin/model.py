@@ -74,7 +74,8 @@ class AltMinConfig:
     center_fraction: float = 0.03        # ε share that sets the noise of the private mean (very insensitive)
     sgd_inner_steps: int = 4             # noisy GD updates per outer step (dpsgd-*)
     sgd_clip: float = 1.0                # per-user gradient clip C (dpsgd-*)
-    sgd_lr: float | None = None          # default 0.5·n_users / (k·Γ²·Γy_scale) normalisation, see resolve()
+    sgd_lr: float | None = None          # default 0.5; each noisy-GD update divides the summed gradient by
+                                         # q·n_users (n_users: the declared public size)
     sample_rate: float = 1.0             # Poisson rate of users per noisy GD step (1 = full batch)
     init_scale: float = 0.1
     rescale_items: bool = True           # rescale released V to mean row norm 1 after each update (public
