@@ -294,3 +294,31 @@ def test_movielens_declared_sizes_unchanged_when_one_user_is_added(tmp_path):
         load_movielens(base_path, item_ids=np.arange(1, 10))
     with pytest.raises(ValueError, match="n_users"):
         load_movielens(base_path, n_users=10)
+
+
+def test_cli_declared_sizes_and_duplicates(tmp_path):
+    """Audit items 1 and 6 on the command line: a ratings file with a duplicated row is rejected unless
+    --merge-duplicates; --n-users / the item catalogue next to the ratings are the report's public
+    sizes, and sizes taken from the file are flagged as data-dependent in the output's assumptions."""
+    import json
+
+    from jdp.cli import main
+
+    rng = np.random.default_rng(6)
+    rows = [(u, mv, int(rng.integers(1, 6))) for u in range(1, 121) for mv in rng.choice(np.arange(1, 41), 10, replace=False)]
+    rows.append(rows[3])  # one user repeats one rating
+    (tmp_path / "ratings.dat").write_text("".join(f"{u}::{mv}::{r}::0\n" for u, mv, r in rows))
+    args = ["altmin", "--data", "movielens", "--data-path", str(tmp_path / "ratings.dat"), "--method", "dpsgd-uniform",
+            "--dim", "2", "--steps", "1", "--epsilon", "2"]
+    assert main(args) == 2  # duplicate: clean error
+    out = tmp_path / "r.json"
+    (tmp_path / "movies.dat").write_text("".join(f"{mv}::Movie {mv}::Drama\n" for mv in range(1, 51)))
+    assert main(args + ["--merge-duplicates", "--n-users", "1000", "--out", str(out)]) == 0
+    assumptions = json.loads(out.read_text())["privacy"]["assumptions"]
+    assert any("n_users=1000" in a and "n_items=50" in a for a in assumptions)
+    assert not any("data-dependent" in a for a in assumptions)
+    assert any("merged" in a for a in assumptions)
+    (tmp_path / "movies.dat").unlink()
+    assert main(args + ["--merge-duplicates", "--out", str(out)]) == 0
+    assumptions = json.loads(out.read_text())["privacy"]["assumptions"]
+    assert sum("data-dependent" in a for a in assumptions) == 2
