@@ -119,6 +119,7 @@ def test_cli_writes_json(tmp_path):
 
 def test_cli_synthetic_movielens_data():
     from jdp.altmin.cli import load_data
-    data, rating_range = load_data("synthetic-movielens", None, 0, 600, 150, 12_000)
+    data, rating_range, notes = load_data("synthetic-movielens", None, 0, 600, 150, 12_000)
+    assert notes == []  # generated data: sizes declared by the generator
     assert (data.n_users, data.n_items, data.nnz) == (600, 150, 12_000) and rating_range == (0.5, 5.0)
     assert np.array_equal(data.rating, planted_movielens(seed=0, n_users=600, n_items=150, nnz=12_000).data.rating)

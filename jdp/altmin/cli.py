@@ -13,24 +13,42 @@ DEFAULT_ML100K = pathlib.Path("..") / "shared" / "datasets" / "ml-100k"
 
 
 def load_data(name: str, path: str | None, seed: int = 0, n_users: int = 20_000, n_items: int = 2_000,
-              nnz: int = 1_000_000):
+              nnz: int = 1_000_000, *, public_users: int | None = None, item_catalogue: str | None = None):
     """`synthetic` (planted low-rank, Zipf popularity), `synthetic-movielens` (planted, calibrated to
-    MovieLens: log-normal marginals, item / user biases), `ml-100k`, or `movielens` (any standard file)."""
-    from jdp.data import load_movielens, planted_movielens, planted_powerlaw
+    MovieLens: log-normal marginals, item / user biases), `ml-100k`, or `movielens` (any standard file).
+
+    Generated data have declared sizes (n_users, n_items). For MovieLens files the item catalogue is
+    `item_catalogue` (u.item / movies.dat / movies.csv or its folder), else an item file next to the
+    ratings when there is one, else the rated items (data-dependent); the user bound is
+    `public_users`, else the users in the file (data-dependent). Returns (data, rating range, notes),
+    notes saying which sizes were NOT declared (added to the report's assumptions).
+    """
+    from jdp.data import load_movielens, load_movielens_items, planted_movielens, planted_powerlaw
     if name in ("synthetic", "synthetic-movielens"):
         generate = planted_powerlaw if name == "synthetic" else planted_movielens
-        return generate(seed=seed, n_users=n_users, n_items=n_items, nnz=nnz).data, (0.5, 5.0)
+        return generate(seed=seed, n_users=n_users, n_items=n_items, nnz=nnz).data, (0.5, 5.0), []
     if name == "ml-100k":
         candidates = [path, os.environ.get("JDP_ML100K"), DEFAULT_ML100K]
-        for c in candidates:
-            if c and pathlib.Path(c).exists():
-                return load_movielens(c), (1.0, 5.0)
-        raise ValueError("ML-100K not found: pass --data-path DIR_OR_u.data (or set JDP_ML100K)")
-    if name == "movielens":
+        path = next((c for c in candidates if c and pathlib.Path(c).exists()), None)
+        if path is None:
+            raise ValueError("ML-100K not found: pass --data-path DIR_OR_u.data (or set JDP_ML100K)")
+        rating_range = (1.0, 5.0)
+    elif name == "movielens":
         if not path:
             raise ValueError("--data movielens needs --data-path (u.data, ratings.dat, ratings.csv or their folder)")
-        return load_movielens(path), (0.5, 5.0)
-    raise ValueError(f"unknown --data {name!r}")
+        rating_range = (0.5, 5.0)
+    else:
+        raise ValueError(f"unknown --data {name!r}")
+    folder = pathlib.Path(path) if pathlib.Path(path).is_dir() else pathlib.Path(path).parent
+    if item_catalogue is None and any((folder / f).is_file() for f in ("u.item", "movies.dat", "movies.csv")):
+        item_catalogue = str(folder)
+    notes = []
+    if item_catalogue is None:
+        notes.append("n_items = the items rated in the file (data-dependent; pass --item-catalogue for a release)")
+    if public_users is None:
+        notes.append("n_users = the users in the file (data-dependent; pass --n-users for a release)")
+    items = None if item_catalogue is None else load_movielens_items(item_catalogue)
+    return load_movielens(path, n_users=public_users, item_ids=items), rating_range, notes
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -50,6 +68,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--n-shards", type=int, default=1, help="devices for the item update (0 = all local devices)")
     p.add_argument("--synthetic-size", type=int, nargs=3, metavar=("USERS", "ITEMS", "RATINGS"),
                    default=(20_000, 2_000, 1_000_000))
+    p.add_argument("--n-users", type=int, default=None,
+                   help="MovieLens: public bound on the number of users (default: the users in the file, "
+                        "data-dependent)")
+    p.add_argument("--item-catalogue", default=None,
+                   help="MovieLens: public item catalogue (u.item, movies.dat, movies.csv or their folder; "
+                        "default: one next to the ratings, else the rated items, data-dependent)")
+    p.add_argument("--merge-duplicates", action="store_true",
+                   help="merge duplicate (user, item) ratings into their mean (default: reject them)")
     add_seed_arguments(p)
     p.add_argument("--out", default=None, help="JSON output file")
     p.set_defaults(func=run)
@@ -57,12 +83,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from jdp.altmin.experiment import rating_experiment
-    data, rating_range = load_data(args.data, args.data_path, args.data_seed, *args.synthetic_size)
+    data, rating_range, notes = load_data(args.data, args.data_path, args.data_seed, *args.synthetic_size,
+                                          public_users=args.n_users, item_catalogue=args.item_catalogue)
     cfg = AltMinConfig(method=args.method, epsilon=None if args.method == "als" else args.epsilon,
                        delta=args.delta, mu=args.mu, dim=args.dim, steps=args.steps, budget=args.budget,
-                       rating_range=rating_range, n_shards=args.n_shards or None)
+                       rating_range=rating_range, n_shards=args.n_shards or None,
+                       merge_duplicates=args.merge_duplicates)
     row = rating_experiment(data, cfg, seed=noise_seed(args), split_seed=args.data_seed)
     row["data"] = args.data
+    row["privacy"]["assumptions"] += notes
+    for note in notes:
+        print(f"note: {note}")
     m = row["metrics"]
     print(f"{row['method']}  epsilon={row['epsilon']}  RMSE test={m['rmse_test']:.4f} valid={m['rmse_valid']:.4f} "
           f"(mean-only {m['rmse_mean_only_test']:.4f})")

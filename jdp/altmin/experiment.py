@@ -2,7 +2,11 @@
 
 Validation RMSE uses user embeddings solved on train; test RMSE re-solves them on train ∪ valid, as
 in the reference protocol. Buckets: items sorted by TRAINING count, 5 equal-size buckets (tail
-first); evaluation statistics are not released by the mechanism.
+first); evaluation statistics are not released by the mechanism. The model's public sizes are
+`data.n_users` / `data.n_items` (declared by whoever built `data`; see `jdp.altmin.model`); the
+exact `nnz` in "data_shape" and the metrics are evaluation outputs, not part of the private release.
+Duplicate (user, item) rows in `data` raise ValueError; with `cfg.merge_duplicates` they are merged
+BEFORE splitting, so no pair is in both train and test.
 """
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ import time
 import numpy as np
 
 from jdp.altmin.model import AltMinConfig, fit
-from jdp.data import Interactions, concat, split_ratings
+from jdp.data import Interactions, check_unique_pairs, concat, split_ratings
 from jdp.metrics import popularity_buckets, sliced_rmse
 
 
@@ -21,6 +25,11 @@ def rating_experiment(data: Interactions, cfg: AltMinConfig, seed: int | None = 
 
     `seed` is the noise seed (None: fresh OS entropy; the one used is in the row); `split_seed` the
     public randomness of the split."""
+    if cfg.merge_duplicates:
+        data = data.merge_duplicates()
+    else:  # checked on the whole data: whether copies land in train must not depend on the split
+        check_unique_pairs(data.user, data.item, ("user", "item"), "rating_experiment: data",
+                           "AltMinConfig(merge_duplicates=True) merges each pair into its mean rating")
     train, valid, test = split_ratings(data, (0.8, 0.1, 0.1), seed=split_seed)
     t0 = time.perf_counter()
     model = fit(train, cfg, seed=seed)

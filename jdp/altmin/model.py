@@ -11,6 +11,15 @@ of the k items with the smallest private counts, or adaptive weights n̂_i^(−�
 PrivacyReport lists every release and composes them with dp_accounting.
 
 `als` is the NON-PRIVATE reference (exact mean, no noise, all ratings): never a default.
+
+Assumed public (recorded in the PrivacyReport's `assumptions`): the rating scale, and the sizes
+`train.n_users` (a public bound on the number of users: the user id space) and `train.n_items` (the
+item catalogue: the rows of the released V). These are the Interactions' DECLARED sizes, never
+counts of the users / items present in the rows; the default dim, the n of the adaptive weights
+(eq. 16), the noisy-GD normaliser q·n and the shape of V depend on them and on ε, δ and the config
+only, so adding or removing one user changes none of them. One observation per (user, item) is
+assumed: duplicate pairs raise ValueError unless `merge_duplicates=True` merges them (mean rating)
+before anything private runs.
 """
 from __future__ import annotations
 
@@ -25,7 +34,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from jdp.accounting import PrivacyReport, calibrate, check_delta, check_epsilon, check_positive
-from jdp.data import Interactions
+from jdp.data import Interactions, check_unique_pairs
 from jdp.multitask import gram
 from jdp.multitask.counts import private_counts, private_mean
 from jdp.multitask.noisy_gd import NoisyGDConfig, _run as _noisy_gd_run, record_noisy_gd_releases
@@ -65,7 +74,8 @@ class AltMinConfig:
     center_fraction: float = 0.03        # ε share that sets the noise of the private mean (very insensitive)
     sgd_inner_steps: int = 4             # noisy GD updates per outer step (dpsgd-*)
     sgd_clip: float = 1.0                # per-user gradient clip C (dpsgd-*)
-    sgd_lr: float | None = None          # default 0.5·n_users / (k·Γ²·Γy_scale) normalisation, see resolve()
+    sgd_lr: float | None = None          # default 0.5; each noisy-GD update divides the summed gradient by
+                                         # q·n_users (n_users: the declared public size)
     sample_rate: float = 1.0             # Poisson rate of users per noisy GD step (1 = full batch)
     init_scale: float = 0.1
     rescale_items: bool = True           # rescale released V to mean row norm 1 after each update (public
@@ -74,6 +84,9 @@ class AltMinConfig:
                                          # with several *fake* CPU devices on a 2-core host, LAPACK calls
                                          # inside shard_map were seen to deadlock in jax 0.10; on real
                                          # multi-device hosts pass n_shards=None.
+    merge_duplicates: bool = False       # opt-in: merge duplicate (user, item) rows into their mean rating
+                                         # (Interactions.merge_duplicates) before anything private runs;
+                                         # False: duplicates raise ValueError
     show_progress: bool = True
 
     @property
@@ -200,7 +213,9 @@ def candidate_event(cfg: AltMinConfig) -> dp_accounting.DpEvent:
 
 
 def default_dim(n_users: int, n_items: int, budget: int, noise_multiplier: float) -> int:
-    """Default embedding dimension of a private run, from PUBLIC quantities only (id-space sizes, k, σ).
+    """Default embedding dimension of a private run, from PUBLIC quantities only: the declared sizes
+    (n_users: the user id space / a public bound on the users, n_items: the item catalogue; never
+    counts of the users or items present in the data), k and σ.
 
     Each item's noisy Gram has noise of spectral size ≈ 2√d·σ√k·Γ² while its signal per direction is
     ≈ c·Γ²/d for a per-item budget c ≤ min(n_users·k/n_items, n_users); so the usable dimension grows
@@ -226,11 +241,21 @@ def _needs_counts(method: str) -> bool:
 def fit(train: Interactions, cfg: AltMinConfig, seed: int | None = None) -> AltMinModel:
     """Trains with `cfg.method` on `train` and returns the released item matrix and the PrivacyReport.
 
+    Unit: a user; relation: add/remove all ratings of one user. `train.n_users` / `train.n_items` are
+    used as PUBLIC sizes (user id space, item catalogue; see the module docstring) and recorded as
+    assumptions in the report. Duplicate (user, item) rows raise ValueError, for every method, unless
+    `cfg.merge_duplicates` (then they are merged into their mean rating first).
     `seed` seeds every noise draw; None (the default) draws fresh OS entropy, recorded in `model.seed`.
-    Pass a seed only to reproduce an experiment: whoever knows it can subtract the noise."""
+    Pass a seed only to reproduce an experiment: whoever knows it can subtract the noise.
+    """
     cfg = cfg.resolve()
     if train.nnz == 0:
         raise ValueError("train has no ratings")
+    if cfg.merge_duplicates:
+        train = train.merge_duplicates()  # per-user transformation of the user's own rows: no privacy cost
+    else:
+        check_unique_pairs(train.user, train.item, ("user", "item"), "fit: train",
+                           "AltMinConfig(merge_duplicates=True) merges each pair into its mean rating")
     lo, hi = cfg.rating_range
     if train.rating.min() < lo or train.rating.max() > hi:
         raise ValueError(f"ratings must lie in the declared rating_range {cfg.rating_range}")
@@ -241,6 +266,11 @@ def fit(train: Interactions, cfg: AltMinConfig, seed: int | None = None) -> AltM
     user, item = jnp.asarray(train.user), jnp.asarray(train.item)
     n_users, n_items, k = train.n_users, train.n_items, cfg.budget
     report = PrivacyReport(cfg.delta, unit="user", relation="add/remove all ratings of one user")
+    report.assume(f"public sizes declared by the caller: n_users={n_users} (user id space, a bound on the "
+                  f"number of users), n_items={n_items} (item catalogue); not counted from the ratings")
+    report.assume(f"public rating scale {tuple(cfg.rating_range)}")
+    if cfg.merge_duplicates:
+        report.assume("duplicate (user, item) ratings merged into their mean per user before training")
 
     # Noise calibration, then pre-processing.
     sigma_mean, sigma_counts, sigma = calibrate_noise(cfg) if cfg.private else (None, None, None)

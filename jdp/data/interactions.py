@@ -4,6 +4,10 @@ Data plumbing, not a private routine: nothing here is released. Counts computed 
 (`item_counts`, `user_counts`, CSR row pointers) are EXACT; use them only in non-private code
 (non-private baselines, evaluation, bucketing test metrics) or in private code whose caller
 explicitly declares them public. Private algorithms must estimate counts privately.
+
+This module is also the one place that validates the "one observation per (user, item)" assumption
+of the user-level private routines (`check_unique_pairs`) and that merges duplicates on request
+(`Interactions.merge_duplicates`).
 """
 from __future__ import annotations
 
@@ -57,8 +61,21 @@ class Interactions:
       timestamp: int64 [nnz] or None
 
     Invalid input raises ValueError naming the field. Arrays are stored as read-only views.
-    Duplicate (user, item) pairs are allowed here; readers and generators in jdp.data produce none.
-    Not private: see the module docstring (exact counts are for non-private code / evaluation only).
+
+    Sizes: `n_users` and `n_items` are DECLARED by whoever builds the object; they are not computed
+    from the rows. The private routines (`jdp.altmin.fit`, `jdp.multitask`) treat them as PUBLIC: n_items
+    is the item catalogue (the rows of the released item matrix), n_users a public bound on the number
+    of users (the user id space). Neither may be derived from the private rows when the result is
+    released: adding or removing one user must not change them. Declare them from public knowledge
+    (e.g. the catalogue, the size of the id space, a published dataset size); `load_movielens` takes
+    them as arguments (by default it derives them from the file, which is fine for reproducing
+    published experiments on a fixed dataset only).
+
+    Duplicate (user, item) pairs are allowed HERE (user-supplied files may contain them; the
+    MovieLens files and the generators in jdp.data have none), but the user-level private routines
+    assume at most one observation per pair and reject duplicates with a ValueError
+    (`check_unique_pairs`). `merge_duplicates()` is the explicit opt-in that replaces them by their
+    mean rating. Not private: see the module docstring (exact counts are for non-private code only).
     """
 
     user: np.ndarray
@@ -155,12 +172,98 @@ class Interactions:
         np.cumsum(np.bincount(key, minlength=n_rows), out=indptr[1:])
         return indptr, other[order], self.rating[order], order
 
+    def merge_duplicates(self) -> "Interactions":
+        """One observation per (user, item): duplicates are replaced by their MEAN rating (and the latest
+        timestamp), placed at the position of the pair's first occurrence; returns `self` when there
+        are none. Sizes are unchanged.
+
+        Each merged value depends only on one user's own rows, so merging before a user-level private
+        routine costs no privacy: it is a per-user transformation of the user's own data.
+        """
+        key, span = _pair_keys(self.user, self.item)
+        if _first_duplicate(key) is None:
+            return self
+        order = np.argsort(key)
+        sk = key[order]
+        start = np.flatnonzero(np.r_[True, sk[1:] != sk[:-1]])
+        group_size = np.diff(np.r_[start, sk.size])
+        mean = np.add.reduceat(self.rating[order].astype(np.float64), start) / group_size
+        group = np.empty(key.size, np.int64)
+        group[order] = np.repeat(np.arange(start.size), group_size)  # pair index of every row
+        is_first = np.zeros(key.size, np.bool_)
+        is_first[np.minimum.reduceat(order, start)] = True  # each pair's first row (O(n), no 2nd sort)
+        keep = group[np.flatnonzero(is_first)]
+        ts = None
+        if self.timestamp is not None:
+            ts = np.maximum.reduceat(self.timestamp[order], start)[keep]
+        pairs = sk[start][keep]
+        return Interactions((pairs // span).astype(np.int32), (pairs % span).astype(np.int32),
+                            mean[keep].astype(np.float32), self.n_users, self.n_items, ts)
+
     def binarize(self, threshold: float = 4.0) -> "Interactions":
         """Implicit feedback: keep observations with rating >= threshold, each with rating 1."""
         if not np.isfinite(threshold):
             raise ValueError(f"threshold must be finite, got {threshold}")
         out = self.subset(self.rating >= threshold)
         return dataclasses.replace(out, rating=np.ones(out.nnz, dtype=np.float32))
+
+
+def _pair_keys(user, item) -> tuple[np.ndarray, int]:
+    """One int64 key per row, equal iff (user, item) is equal; ids are non-negative int32-range."""
+    user = np.asarray(user).astype(np.int64, copy=False).reshape(-1)
+    item = np.asarray(item).astype(np.int64, copy=False).reshape(-1)
+    span = int(item.max()) + 1 if item.size else 1
+    return user * span + item, span  # < 2^62 for int32 ids: no overflow
+
+
+def _first_duplicate(key: np.ndarray) -> tuple[np.ndarray, int] | None:
+    """None if all keys are distinct, else (sorted keys, index in it of the first repeated key)."""
+    if key.size < 2 or np.all(key[1:] > key[:-1]):  # O(n) fast path: rows already sorted by (user, item)
+        return None
+    sk = np.sort(key)
+    rep = np.flatnonzero(sk[1:] == sk[:-1])
+    return None if rep.size == 0 else (sk, int(rep[0]))
+
+
+def duplicate_pairs(user, item) -> tuple[int, tuple[int, int, int] | None]:
+    """(number of duplicate rows, (user, item, multiplicity) of one duplicated pair, or None).
+
+    A pair seen c times counts c − 1 duplicate rows. Vectorised: one int64 sort (≈0.4 s for 10M rows),
+    O(n) when the rows are already sorted by (user, item).
+    """
+    user, item = np.asarray(user), np.asarray(item)
+    if user.shape != item.shape or user.ndim != 1:
+        raise ValueError(f"user and item must be 1-D of equal length, got shapes {user.shape} and {item.shape}")
+    if user.size and (user.min() < 0 or item.min() < 0):
+        raise ValueError("user and item ids must be non-negative")
+    key, span = _pair_keys(user, item)
+    found = _first_duplicate(key)
+    if found is None:
+        return 0, None
+    sk, at = found
+    n_dup = int(np.count_nonzero(sk[1:] == sk[:-1]))
+    k = sk[at]
+    mult = int(np.searchsorted(sk, k, side="right") - np.searchsorted(sk, k, side="left"))
+    return n_dup, (int(k // span), int(k % span), mult)
+
+
+def check_unique_pairs(user, item, names: tuple[str, str] = ("user", "item"), where: str = "",
+                       remedy: str = "Interactions.merge_duplicates(): mean rating per pair") -> None:
+    """Raises ValueError if some (user, item) pair occurs more than once.
+
+    The single validation point of jdp's user-level private routines, whose sensitivities assume at
+    most one observation per (user, item): a user repeating a row c times would otherwise contribute
+    up to c times (counts) or √c times (Gram / gradient norms) the accounted sensitivity. The message
+    gives the number of duplicate rows and one duplicated pair; `Interactions.merge_duplicates()`
+    (mean rating per pair) is the explicit opt-in remedy.
+    """
+    n_dup, example = duplicate_pairs(user, item)
+    if n_dup:
+        u, i, mult = example
+        at = f"{where}: " if where else ""
+        raise ValueError(f"{at}{n_dup} duplicate ({names[0]}, {names[1]}) rows, e.g. {names[0]} {u}, {names[1]} {i} "
+                         f"occurs {mult} times; the user-level sensitivity assumes one observation per pair. "
+                         f"Merge them first ({remedy}) or remove them")
 
 
 def concat(parts: Sequence[Interactions]) -> Interactions:

@@ -3,6 +3,14 @@
 Data plumbing, not a private routine: nothing is released, and the splits use exact counts
 (e.g. the `min_items` user filter). This matches the evaluation protocols of the papers; the
 split itself is treated as public preprocessing by the experiments that use it.
+
+Sizes: `split_ratings` keeps the declared n_users / n_items of its input (public sizes for the
+private routines). `fold_in_split` re-indexes users and (with `restrict_items=True`) items from
+exact counts of the data, so its sizes are DATA-DEPENDENT: before training a released model on its
+"train" part, declare public sizes (`restrict_items=False` keeps the item catalogue; replace the
+user count by a public bound, e.g. `dataclasses.replace(out["train"], n_users=bound)`).
+Duplicate (user, item) rows are split like any other row (copies may land in train and test);
+merge them first (`Interactions.merge_duplicates`) when that matters.
 """
 from __future__ import annotations
 

@@ -7,12 +7,12 @@
 - `noisy_gd`: task-weighted noisy gradient descent (Algorithm 2).
 - `gram`: the bucketed per-task Gram engine both build on.
 """
-from jdp.multitask.counts import PrivateCounts, private_counts, private_mean
+from jdp.multitask.counts import PrivateCounts, private_counts, private_label_sum, private_mean
 from jdp.multitask.noisy_gd import NoisyGDConfig, task_weighted_noisy_gd
 from jdp.multitask.ssp import task_weighted_ssp
 from jdp.multitask.weights import (adaptive_weights, clip_user_weights, normalize_user_weights, tail_sampling_weights,
                                    task_weights, uniform_sampling_weights)
 
 __all__ = ["NoisyGDConfig", "PrivateCounts", "adaptive_weights", "clip_user_weights", "normalize_user_weights",
-           "private_counts", "private_mean", "tail_sampling_weights", "task_weighted_noisy_gd", "task_weighted_ssp",
+           "private_counts", "private_label_sum", "private_mean", "tail_sampling_weights", "task_weighted_noisy_gd", "task_weighted_ssp",
            "task_weights", "uniform_sampling_weights"]

@@ -3,6 +3,8 @@
 Privacy unit: a user; neighbouring datasets add or remove ALL observations of one user. Each user's
 contribution is bounded by first keeping at most `count_sample` of its observations (uniformly at
 random), so the released statistics have the sensitivities stated below regardless of the data.
+Public: n_items (the task catalogue: the length of the released count vector), count_sample, the
+label bound; nothing is computed from the number of users or items present in the rows.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from jdp.accounting import PrivacyReport, check_positive
+from jdp.data.interactions import check_unique_pairs
 from jdp.multitask.weights import uniform_sampling_weights
 
 
@@ -29,11 +32,16 @@ def private_counts(key: jax.Array, user: jax.Array, item: jax.Array, n_items: in
     """Noisy per-task counts: each user contributes +1 to at most `count_sample` of its tasks (uniform
     subsample), Gaussian noise on EVERY task's count (zeros included), clamped ≥ 1.
 
-    L2 sensitivity sqrt(count_sample); noise std = noise_multiplier·sqrt(count_sample). The release is
-    recorded in `report` when given.
+    L2 sensitivity sqrt(count_sample): removing user j subtracts 1 from at most count_sample DISTINCT
+    tasks, a 0/1 vector with ≤ count_sample ones. This needs one observation per (user, task): c
+    copies of one pair would move one count by c (up to count_sample, i.e. √count_sample times the
+    bound), so duplicate pairs raise ValueError (merge them with `Interactions.merge_duplicates`).
+    noise std = noise_multiplier·sqrt(count_sample); n_items is the public task catalogue. The
+    release is recorded in `report` when given.
     """
     if count_sample < 1:
         raise ValueError(f"count_sample must be >= 1, got {count_sample}")
+    check_unique_pairs(user, item, ("user", "item"), "private_counts")
     check_positive(noise_multiplier, "noise_multiplier")
     k_sample, k_noise = jax.random.split(key)
     keep = uniform_sampling_weights(k_sample, user, count_sample)
@@ -45,13 +53,17 @@ def private_counts(key: jax.Array, user: jax.Array, item: jax.Array, n_items: in
     return PrivateCounts(jnp.maximum(noisy, 1.0), float(noise_multiplier), sens)
 
 
-def private_mean(key: jax.Array, user: jax.Array, label: jax.Array, label_bound: float, count_sample: int,
-                 noise_multiplier: float, report: PrivacyReport | None = None, name: str = "global mean") -> float:
-    """Noisy global mean of labels (for centering): noisy clipped sum / noisy count.
+def private_label_sum(key: jax.Array, user: jax.Array, label: jax.Array, label_bound: float, count_sample: int,
+                      noise_multiplier: float, report: PrivacyReport | None = None,
+                      name: str = "global mean") -> tuple[float, float]:
+    """(noisy Σ clipped labels, noisy number of labels), the two releases behind `private_mean`.
 
-    Each user keeps ≤ count_sample labels, each clipped to [−label_bound, label_bound] (a public bound),
-    so the sum has sensitivity count_sample·label_bound and the count count_sample. Two Gaussian
-    releases with the same noise multiplier, both recorded in `report`.
+    Each user keeps ≤ count_sample of its labels (uniform subsample) and each is clipped to
+    [−label_bound, label_bound] (a public bound). Removing user j changes the sum by at most
+    count_sample·label_bound and the count by at most count_sample: both sensitivities count ROWS, so
+    they hold with or without duplicate (user, item) rows (a duplicate is one more row of the same
+    user, inside its count_sample). Two Gaussian releases with the same noise multiplier, both recorded
+    in `report`.
     """
     check_positive(label_bound, "label_bound")
     check_positive(noise_multiplier, "noise_multiplier")
@@ -66,5 +78,18 @@ def private_mean(key: jax.Array, user: jax.Array, label: jax.Array, label_bound:
     if report is not None:
         report.add_gaussian(name + " (sum)", s_sens, noise_multiplier * s_sens)
         report.add_gaussian(name + " (count)", c_sens, noise_multiplier * c_sens)
-    mean = total / jnp.maximum(count, 1.0)
+    return float(total), float(count)
+
+
+def private_mean(key: jax.Array, user: jax.Array, label: jax.Array, label_bound: float, count_sample: int,
+                 noise_multiplier: float, report: PrivacyReport | None = None, name: str = "global mean") -> float:
+    """Noisy global mean of labels (for centering): noisy clipped sum / noisy count.
+
+    Each user keeps ≤ count_sample labels, each clipped to [−label_bound, label_bound] (a public bound),
+    so the sum has sensitivity count_sample·label_bound and the count count_sample (see
+    `private_label_sum`, which makes the two Gaussian releases and records them in `report`; the ratio
+    is post-processing).
+    """
+    total, count = private_label_sum(key, user, label, label_bound, count_sample, noise_multiplier, report, name)
+    mean = jnp.float32(total) / jnp.maximum(jnp.float32(count), 1.0)  # float32 as the statistics
     return float(jnp.clip(mean, -label_bound, label_bound))

@@ -6,6 +6,20 @@ tasks — is clipped JOINTLY to L2 norm C, the clipped gradients are summed and 
 every entry: one Gaussian release of sensitivity C per step. With Poisson sampling of users (rate q)
 each step is a PoissonSampledDpEvent(q, Gaussian(σ)); with full batches a plain Gaussian(σ).
 Shapes stay static: sampling is a per-user mask.
+
+Per-user bound, for the user's TOTAL gradient. θ ∈ R^{m×d} has one row θ_i per task. User j's
+gradient G_j has row i equal to g_ij = w_ij (⟨θ_i, x_ij⟩ − y_ij) x_ij for i ∈ Ω_j and 0 elsewhere.
+If each task occurs at most once per user, the nonzero rows of G_j are distinct coordinates of θ,
+so ‖G_j‖_F² = Σ_{i∈Ω_j} ‖g_ij‖² EXACTLY: there are no cross terms between a user's tasks, however
+its features are aligned. The code computes this norm (per-observation squared norms summed per
+user) and multiplies all of user j's rows by s_j = min(1, C / ‖G_j‖_F), so the user's total
+contribution s_j G_j to the summed gradient has Frobenius norm ≤ C, with equality for any user whose
+gradient exceeds C: the sensitivity of one step is C whatever the weights, features, labels or
+number of tasks (the weights only share the clip among the user's tasks). The normaliser q·n uses
+the public n (`n_users`, the declared size of the user id space) and λ is data-independent, so
+neither depends on the user. With c copies of one (task, user) pair the row would be the sum of c
+aligned vectors, ‖Σ g‖ = c‖g‖ while the computed norm is √c‖g‖: the contribution could reach √c·C.
+Duplicate pairs are therefore rejected (`jdp.data.check_unique_pairs`).
 """
 from __future__ import annotations
 
@@ -18,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jdp.accounting import PrivacyReport, check_positive
+from jdp.data.interactions import check_unique_pairs
 from jdp.noise import clip_by_norm
 
 
@@ -60,6 +75,7 @@ def _run(key, theta, task, user, x, y, w, n_tasks, n_users, steps, clip_norm, si
         in_batch = (jax.random.uniform(k_sample, (n_users,)) < q).astype(x.dtype)
         resid = jnp.einsum("nd,nd->n", theta[task], x) - y
         g_obs = (w * resid)[:, None] * x                                    # per-observation gradient rows
+        # ‖G_j‖_F² = Σ_obs ‖g_obs‖², exact because (task, user) pairs are unique (see module docstring)
         user_sq = jax.ops.segment_sum(jnp.sum(g_obs**2, axis=1), user, num_segments=n_users)
         scale = in_batch * jnp.minimum(1.0, clip_norm / jnp.sqrt(jnp.maximum(user_sq, 1e-30)))
         g = jax.ops.segment_sum(scale[user][:, None] * g_obs, task, num_segments=n_tasks)
@@ -79,7 +95,10 @@ def task_weighted_noisy_gd(key: jax.Array, task: np.ndarray, user: np.ndarray, x
     """Algorithm 2: returns θ̂ [n_tasks, d]. Features clipped to clip_x and labels to clip_y first.
 
     The update is θ ← Proj(θ − η·(Σ_j clip_C(g_j) + N(0, C²σ²))/(q·n) − η·λθ), where n = n_users
-    (the public size of the user id space). Releases (one per step) are recorded in `report`.
+    (the PUBLIC size of the user id space, declared by the caller, never a count of users present)
+    and n_tasks is the public task catalogue. Each (task, user) pair must occur at most once
+    (ValueError otherwise; see the module docstring for why). Releases (one per step) are recorded
+    in `report`.
     """
     x = np.asarray(x, np.float32)
     nnz, d = x.shape
@@ -92,6 +111,11 @@ def task_weighted_noisy_gd(key: jax.Array, task: np.ndarray, user: np.ndarray, x
         raise ValueError("x, y and weights must be finite")
     check_positive(clip_x, "clip_x")
     check_positive(clip_y, "clip_y")
+    if np.min(user) < 0 or np.max(user) >= n_users:
+        raise ValueError(f"user ids must lie in [0, n_users={n_users})")
+    if np.min(task) < 0 or np.max(task) >= n_tasks:
+        raise ValueError(f"task ids must lie in [0, n_tasks={n_tasks})")
+    check_unique_pairs(user, task, ("user", "task"), "task_weighted_noisy_gd")
     theta = jnp.zeros((n_tasks, d), jnp.float32) if init is None else jnp.asarray(init, jnp.float32)
     radius = jnp.inf if cfg.max_param_norm is None else cfg.max_param_norm
     out = _run(key, theta, jnp.asarray(task, jnp.int32), jnp.asarray(user, jnp.int32),

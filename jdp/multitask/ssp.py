@@ -3,7 +3,14 @@
 Privacy unit: a user; neighbours add or remove all observations of one user. With features clipped
 to ‖x‖ ≤ Γx, labels to |y| ≤ Γy and weights satisfying Σ_{i∈Ω_j} w_ij² ≤ β for every user (checked),
 removing a user moves the stack of A_i = Σ_j w_ij x xᵀ by ≤ √β·Γx² (Frobenius) and the stack of
-b_i = Σ_j w_ij y x by ≤ √β·Γx·Γy. Â = A + Γx²√β·σ·Ξ (Ξ symmetric, iid upper triangle) and
+b_i = Σ_j w_ij y x by ≤ √β·Γx·Γy. Proof for the user's TOTAL contribution: user j adds the block
+ΔA_i = w_ij x_ij x_ijᵀ to task i for each i ∈ Ω_j, and blocks of different tasks are different
+coordinates of the stack, so ‖ΔA‖_F² = Σ_{i∈Ω_j} w_ij² ‖x_ij‖⁴ ≤ Γx⁴ Σ_i w_ij² ≤ β Γx⁴ (‖x xᵀ‖_F = ‖x‖²),
+and likewise ‖Δb‖² = Σ_i w_ij² y_ij² ‖x_ij‖² ≤ β Γx² Γy²; the bound is attained when every weight,
+feature and label is at its maximum, whatever the directions of the x_ij. This needs each task at
+most ONCE per user: c copies of (i, j) add c·w x xᵀ to ONE block, i.e. √c times the bound for the
+same Σ w² (the copies are perfectly aligned), so duplicate (task, user) pairs are rejected
+(`jdp.data.check_unique_pairs`). Â = A + Γx²√β·σ·Ξ (Ξ symmetric, iid upper triangle) and
 b̂ = b + Γx·Γy·√β·σ·ξ are two Gaussian releases with noise multiplier σ. θ̂_i = (PSD(Â_i) + λI)⁻¹ b̂_i
 is post-processing. The regulariser λ is data-independent (unlike the paper's Σ_j w_ij λ).
 
@@ -21,6 +28,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
 from jdp.accounting import PrivacyReport, check_positive
+from jdp.data.interactions import check_unique_pairs
 from jdp.multitask import gram
 from jdp.noise import clip_by_norm
 
@@ -124,13 +132,6 @@ def check_user_budget(user: np.ndarray, weights: np.ndarray, n_users: int, beta:
         raise ValueError(f"weights exceed the per-user budget: max_j sum_i w_ij^2 = {per_user.max():.4g} > beta = {beta}")
 
 
-def check_unique_pairs(task: np.ndarray, user: np.ndarray, n_users: int) -> None:
-    """Sensitivities assume each user contributes at most once to a task."""
-    key = np.asarray(task, np.int64) * n_users + np.asarray(user, np.int64)
-    if np.unique(key).size != key.size:
-        raise ValueError("duplicate (task, user) pairs: aggregate them first (sensitivity assumes one per pair)")
-
-
 def task_weighted_ssp(key: jax.Array, task: np.ndarray, user: np.ndarray, x: np.ndarray, y: np.ndarray,
                       weights: np.ndarray, n_tasks: int, n_users: int, *, beta: float, clip_x: float,
                       clip_y: float, noise_multiplier: float, lam: float, report: PrivacyReport | None = None,
@@ -155,7 +156,7 @@ def task_weighted_ssp(key: jax.Array, task: np.ndarray, user: np.ndarray, x: np.
         raise ValueError(f"user ids must lie in [0, {n_users})")
     check_positive(clip_x, "clip_x")
     check_positive(clip_y, "clip_y")
-    check_unique_pairs(task, user, n_users)
+    check_unique_pairs(user, task, ("user", "task"), "task_weighted_ssp")
     check_user_budget(user, weights, n_users, beta)
     noise = ssp_noise(noise_multiplier, beta, clip_x, clip_y, lam)
     mesh = task_mesh(n_shards)

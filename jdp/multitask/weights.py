@@ -1,9 +1,15 @@
 """Budget allocation across tasks: adaptive weights (eqs. 12, 16) and sampling baselines as weights.
 
 Every user j has an RDP budget β: the accountant needs Σ_{i∈Ω_j} w_ij² ≤ β for every user. All
-functions here guarantee it exactly, for any input, and depend only on (released) private counts and
-on the user's own task set, so computing them costs no privacy. The weights themselves are never
-released.
+functions here guarantee it exactly, for any input, and depend only on (released) private counts,
+PUBLIC sizes (n in eq. 16 is the declared size of the user population, never the number of users
+present in the rows) and on the user's own task set, so computing them costs no privacy. The
+weights themselves are never released.
+
+Ω_j is a SET of tasks: the consumers' sensitivities (SSP, noisy GD) assume one observation per
+(user, task). The functions that take task ids reject duplicate pairs (`jdp.data.check_unique_pairs`)
+when called on concrete arrays; under jit the check cannot run, and the private consumers
+(`task_weighted_ssp`, `task_weighted_noisy_gd`, `jdp.altmin.fit`) enforce it themselves.
 """
 from __future__ import annotations
 
@@ -11,17 +17,26 @@ import jax
 import jax.numpy as jnp
 
 from jdp.accounting import check_positive
+from jdp.data.interactions import check_unique_pairs
 
 # Per-user sums are float32 (relative error up to ~n·2⁻²⁴ for a user with n tasks): weights are scaled to
 # (1 − 1e-3)·β so that the EXACT Σ_i w_ij² stays ≤ β, which is what the accountant assumes.
 _BUDGET_SAFETY = 1.0 - 1e-3
 
 
+def _check_task_sets(user, item, where: str) -> None:
+    # Host-side check; skipped for tracers (under jit), where the private consumer checks instead.
+    if not any(isinstance(a, jax.core.Tracer) for a in (user, item)):
+        check_unique_pairs(user, item, ("user", "item"), where)
+
+
 def task_weights(counts: jax.Array, mu: float, n_users: int, beta: float) -> jax.Array:
     """ω_i = n̂_i^(−μ) / sqrt(Σ_i' n̂_i'^(1−2μ) / (n·β)), i.e. Σ_i n̂_i ω_i² = n·β (eq. 16).
 
     counts: private task counts n̂ [m] (clamped ≥ 1 here); mu ≥ 0 shifts budget towards the tail;
-    n_users: size of the user population (public: the id space); beta: per-user RDP budget.
+    n_users: size of the user population, PUBLIC (declared by the caller, e.g. the user id space
+    `Interactions.n_users`; never the number of users present, which would make every user's weight
+    depend on whether one more user is in the data); beta: per-user RDP budget.
     """
     check_positive(mu, "mu", allow_zero=True)
     check_positive(beta, "beta")
@@ -33,7 +48,10 @@ def task_weights(counts: jax.Array, mu: float, n_users: int, beta: float) -> jax
 
 
 def clip_user_weights(omega: jax.Array, user: jax.Array, item: jax.Array, n_users: int, beta: float) -> jax.Array:
-    """Paper's per-user clipping (eq. 12): w_ij = ω_i·min(1, sqrt(β / Σ_{i'∈Ω_j} ω_i'²)). Returns [nnz]."""
+    """Paper's per-user clipping (eq. 12): w_ij = ω_i·min(1, sqrt(β / Σ_{i'∈Ω_j} ω_i'²)). Returns [nnz].
+
+    Duplicate (user, item) pairs raise ValueError (Ω_j is a set; see the module docstring)."""
+    _check_task_sets(user, item, "clip_user_weights")
     w = omega[item]
     per_user = jax.ops.segment_sum(w**2, user, num_segments=n_users)
     scale = jnp.minimum(1.0, jnp.sqrt(_BUDGET_SAFETY * beta / jnp.maximum(per_user, 1e-30)))
@@ -45,7 +63,9 @@ def normalize_user_weights(omega: jax.Array, user: jax.Array, item: jax.Array, n
     float32 safety margin).
 
     Unlike clipping, this up-weights users with few tasks (a user with one task gets weight √β).
+    Duplicate (user, item) pairs raise ValueError.
     """
+    _check_task_sets(user, item, "normalize_user_weights")
     w = omega[item]
     per_user = jax.ops.segment_sum(w**2, user, num_segments=n_users)
     return w * jnp.sqrt(_BUDGET_SAFETY * beta / jnp.maximum(per_user, 1e-30))[user]
@@ -53,7 +73,10 @@ def normalize_user_weights(omega: jax.Array, user: jax.Array, item: jax.Array, n
 
 def adaptive_weights(counts: jax.Array, user: jax.Array, item: jax.Array, n_users: int, beta: float,
                      mu: float, mode: str = "clip") -> jax.Array:
-    """Per-observation adaptive weights from private counts: eq. 16 then `clip` (default) or `normalize`."""
+    """Per-observation adaptive weights from private counts: eq. 16 then `clip` (default) or `normalize`.
+
+    n_users is the PUBLIC size of the user population (see `task_weights`); duplicate (user, item)
+    pairs raise ValueError."""
     omega = task_weights(counts, mu, n_users, beta)
     if mode == "clip":
         return clip_user_weights(omega, user, item, n_users, beta)
@@ -76,7 +99,8 @@ def _rank_within_user(user: jax.Array, *priorities: jax.Array) -> jax.Array:
 def uniform_sampling_weights(key: jax.Array, user: jax.Array, k: int, scale: float = 1.0) -> jax.Array:
     """Each user keeps k of its tasks uniformly at random: weight `scale` on kept, 0 elsewhere.
 
-    Σ_i w_ij² ≤ k·scale² for every user.
+    Σ_i w_ij² ≤ k·scale² for every user (over rows; takes no task ids, so the consumer checks that
+    each task occurs once per user).
     """
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
@@ -87,9 +111,11 @@ def uniform_sampling_weights(key: jax.Array, user: jax.Array, k: int, scale: flo
 def tail_sampling_weights(key: jax.Array, user: jax.Array, item: jax.Array, counts: jax.Array, k: int,
                           scale: float = 1.0) -> jax.Array:
     """Tail-biased sampling (Chien et al. 2021): each user keeps its k tasks with the SMALLEST private
-    counts (ties broken at random). Weight `scale` on kept tasks, 0 elsewhere."""
+    counts (ties broken at random). Weight `scale` on kept tasks, 0 elsewhere. Duplicate (user, item)
+    pairs raise ValueError (they would let a user keep k copies of one task)."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
+    _check_task_sets(user, item, "tail_sampling_weights")
     c = jnp.asarray(counts, jnp.float32)[item]
     tiebreak = jax.random.uniform(key, user.shape)
     return jnp.where(_rank_within_user(user, c, tiebreak) < k, scale, 0.0).astype(jnp.float32)

@@ -1,0 +1,324 @@
+"""User-level privacy of jdp.altmin / jdp.multitask: duplicate (user, item) pairs, worst-case per-user
+contributions against the recorded sensitivities, and public sizes under add/remove-one-user.
+
+Unit of privacy: a user; neighbouring datasets add or remove all ratings of one user. Every
+"contribution" below is measured as the difference of a routine's (noise-coupled) statistics on two
+neighbouring inputs, with the user chosen to maximise it, and compared with the sensitivity the
+routine records in its PrivacyReport.
+"""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jdp.accounting import PrivacyReport
+from jdp.altmin import METHODS, AltMinConfig, fit
+from jdp.data import Interactions, planted_powerlaw
+from jdp.multitask import gram
+from jdp.multitask import weights as W
+from jdp.multitask.counts import private_counts
+from jdp.multitask.noisy_gd import NoisyGDConfig, task_weighted_noisy_gd
+from jdp.multitask.ssp import record_ssp_releases
+
+
+@pytest.fixture(scope="module")
+def ratings():
+    return planted_powerlaw(seed=1, n_users=300, n_items=60, nnz=6000, rank=3).data
+
+
+def _with_rows(data: Interactions, user, item, rating, n_users=None) -> Interactions:
+    return Interactions(np.r_[data.user, user], np.r_[data.item, item], np.r_[data.rating, rating],
+                        data.n_users if n_users is None else n_users, data.n_items)
+
+
+def _cfg(method, **kw):
+    return AltMinConfig(method=method, epsilon=None if method == "als" else 2.0, steps=1, show_progress=False,
+                        sgd_inner_steps=1, **kw)
+
+
+# --------------------------------------------------------------------------------------------------
+# Item 1: duplicate (user, item) pairs.
+
+@pytest.mark.parametrize("method", METHODS)
+def test_fit_rejects_duplicate_pairs_for_every_method(ratings, method):
+    """Audit item 1: the repro (10 extra copies of one of a user's rows) must not run, for every method."""
+    row = int(np.flatnonzero(ratings.user == ratings.user[0])[0])
+    u, i = int(ratings.user[row]), int(ratings.item[row])
+    dup = _with_rows(ratings, np.full(10, u), np.full(10, i), np.full(10, ratings.rating[row]))
+    with pytest.raises(ValueError, match=rf"10 duplicate \(user, item\) rows, e\.g\. user {u}, item {i} occurs 11 times"):
+        fit(dup, _cfg(method, dim=2))
+
+
+def test_fit_merge_duplicates_opt_in_equals_fit_on_merged_data(ratings):
+    """Audit item 1: the explicit opt-in merges duplicates (mean rating per pair) before anything private."""
+    row = int(np.flatnonzero(ratings.user == ratings.user[5])[0])
+    u, i = ratings.user[row], ratings.item[row]
+    dup = _with_rows(ratings, np.full(3, u), np.full(3, i), np.array([1.0, 2.0, 3.0]))
+    merged = dup.merge_duplicates()
+    assert merged.nnz == ratings.nnz
+    expect = ratings.rating.copy()
+    expect[row] = np.mean([ratings.rating[row], 1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(merged.user, ratings.user)
+    np.testing.assert_array_equal(merged.item, ratings.item)
+    np.testing.assert_allclose(merged.rating, expect, rtol=1e-6)
+    model = fit(dup, _cfg("dpsgd-uniform", dim=2, merge_duplicates=True))
+    ref = fit(merged, _cfg("dpsgd-uniform", dim=2))
+    np.testing.assert_array_equal(model.item_factors, ref.item_factors)
+    assert any("merged" in a for a in model.report.assumptions)
+
+
+def test_duplicate_detection_and_merge_match_a_reference():
+    """Audit item 1: count / example pair of the ValueError and the merged means, against a dict reference."""
+    from jdp.data import check_unique_pairs, duplicate_pairs
+
+    rng = np.random.default_rng(0)
+    n = 4000
+    user, item = rng.integers(0, 50, n), rng.integers(0, 40, n)  # ~2000 pairs: many duplicates
+    rating, ts = rng.uniform(1, 5, n).astype(np.float32), rng.integers(0, 10**9, n)
+    groups = {}
+    for r, (u, i) in enumerate(zip(user.tolist(), item.tolist())):
+        groups.setdefault((u, i), []).append(r)
+    n_dup, (u0, i0, mult) = duplicate_pairs(user, item)
+    assert n_dup == n - len(groups) and mult == len(groups[(u0, i0)]) >= 2
+    with pytest.raises(ValueError, match=rf"{n_dup} duplicate \(user, item\) rows, e\.g\. user {u0}, item {i0}"):
+        check_unique_pairs(user, item)
+    data = Interactions(user, item, rating, 50, 40, ts)
+    m = data.merge_duplicates()
+    firsts = sorted(g[0] for g in groups.values())
+    assert m.nnz == len(groups) and duplicate_pairs(m.user, m.item)[0] == 0
+    np.testing.assert_array_equal(m.user, user[firsts])
+    np.testing.assert_array_equal(m.item, item[firsts])
+    for k, r in enumerate(firsts):
+        rows = groups[(int(user[r]), int(item[r]))]
+        assert m.rating[k] == pytest.approx(float(np.mean(rating[rows].astype(np.float64))), rel=1e-6)
+        assert m.timestamp[k] == ts[rows].max()
+    assert data.subset(np.asarray(firsts)).merge_duplicates().nnz == len(groups)  # no duplicates: unchanged
+    check_unique_pairs(m.user, m.item)
+
+
+def test_private_counts_worst_case_user_within_recorded_sensitivity():
+    """Audit item 1: the user maximising its contribution to the private counts moves them by at most the
+    recorded L2 sensitivity √count_sample (attained with distinct items); a user repeating one item must
+    be rejected (it would move one count by count_sample)."""
+    rng = np.random.default_rng(1)
+    m, n, cs = 30, 40, 4
+    # other users: 2 ≤ cs items each (all kept whatever the sampling), every item count ≥ 2 (no clamping)
+    others_u = np.repeat(np.arange(n - 1), 2)
+    others_i = (others_u + np.tile([0, 1], n - 1)) % m
+    assert np.bincount(others_i, minlength=m).min() >= 2
+
+    def counts(u, i, rep):
+        pc = private_counts(jax.random.key(3), jnp.asarray(u), jnp.asarray(i), m, cs, 1e-3, rep)
+        return np.asarray(pc.counts, np.float64)
+
+    worst_users = {"distinct items": rng.choice(m, 3 * cs, replace=False),   # more items than count_sample
+                   "one item repeated": np.full(3 * cs, 7)}
+    for label, items in worst_users.items():
+        rep = PrivacyReport(1e-5)
+        without = counts(others_u, others_i, None)
+        try:
+            with_j = counts(np.r_[others_u, np.full(items.size, n - 1)], np.r_[others_i, items], rep)
+        except ValueError as e:
+            assert label == "one item repeated" and "duplicate" in str(e)
+            continue
+        contribution = np.linalg.norm(with_j - without)
+        sens = rep.releases[0].sensitivity
+        assert contribution <= sens * (1 + 1e-4), (label, contribution, sens)
+        assert contribution >= sens * (1 - 1e-3)  # the bound is attained: the worst case is really tested
+
+
+def test_private_mean_worst_case_user_within_recorded_sensitivity():
+    """Audit item 1: the two releases behind the private mean (clipped sum, count) move by at most their
+    recorded sensitivities for the worst user (labels beyond the bound, many rows, duplicates included):
+    their sensitivities count rows, so duplicates cannot exceed them and need no rejection."""
+    from jdp.multitask.counts import private_label_sum
+
+    rng = np.random.default_rng(2)
+    n, cs, bound = 50, 5, 2.0
+    others_u = np.repeat(np.arange(n - 1), 3)  # ≤ cs rows each: all kept whatever the sampling
+    others_y = rng.uniform(-bound, bound, others_u.size)
+    for label, rows in {"many rows": 40, "one row repeated": 40}.items():
+        y_j = np.full(rows, 10 * bound)  # clipped to the bound: maximal contribution
+        rep = PrivacyReport(1e-5)
+        s0, c0 = private_label_sum(jax.random.key(4), jnp.asarray(others_u), jnp.asarray(others_y), bound, cs, 1e-4)
+        s1, c1 = private_label_sum(jax.random.key(4), jnp.asarray(np.r_[others_u, np.full(rows, n - 1)]),
+                                   jnp.asarray(np.r_[others_y, y_j]), bound, cs, 1e-4, rep)
+        (sum_rel, cnt_rel) = rep.releases
+        assert abs(s1 - s0) <= sum_rel.sensitivity * (1 + 1e-4) and abs(s1 - s0) >= sum_rel.sensitivity * (1 - 1e-3)
+        assert abs(c1 - c0) <= cnt_rel.sensitivity * (1 + 1e-4) and abs(c1 - c0) >= cnt_rel.sensitivity * (1 - 1e-3)
+
+
+def _stacked_gram(task, x, y, w, m):
+    plan = gram.build_plan(task, np.arange(task.size), w, m)
+    classes, si = gram.device_arrays(plan, plan.slot_values(y))
+    a, b = gram.gram_unsharded(jnp.asarray(x), classes, si)
+    return np.asarray(a, np.float64)[plan.flat_index], np.asarray(b, np.float64)[plan.flat_index]
+
+
+def test_ssp_statistics_worst_case_user_within_recorded_sensitivity():
+    """Audit item 1: the user's TOTAL contribution to the stacked Gram / rhs sums of task-weighted SSP,
+    with all its items' features aligned and at the clip, labels at the clip and weights using the
+    whole budget (normalize mode), stays within the recorded Frobenius sensitivity √β·Γx² / √β·Γx·Γy.
+    A user repeating one item (its copies perfectly aligned) must be rejected by the weights."""
+    rng = np.random.default_rng(3)
+    m, n, d, beta, gx, gy = 20, 30, 3, 4.0, 1.5, 2.0
+    user, task = np.nonzero(rng.random((n - 1, m)) < 0.3)
+    x = rng.normal(size=(user.size, d)).astype(np.float32)
+    x *= np.minimum(1.0, gx / np.linalg.norm(x, axis=1, keepdims=True))
+    y = rng.uniform(-gy, gy, user.size).astype(np.float32)
+    counts = jnp.asarray(np.bincount(task, minlength=m).astype(np.float32) + 1.0)  # stand-in released counts
+    rep = PrivacyReport(1e-5)
+    record_ssp_releases(rep, 1.0, beta, gx, gy)
+    sens_a, sens_b = rep.releases[0].sensitivity, rep.releases[1].sensitivity
+    e1 = np.zeros(d, np.float32); e1[0] = gx
+    worst_users = {"all items, aligned": np.arange(m), "one item repeated": np.full(10, 4)}
+    for label, items in worst_users.items():
+        u_all, t_all = np.r_[user, np.full(items.size, n - 1)], np.r_[task, items]
+        x_all = np.r_[x, np.tile(e1, (items.size, 1))]
+        y_all = np.r_[y, np.full(items.size, gy, np.float32)]
+        try:
+            w = np.asarray(W.adaptive_weights(counts, jnp.asarray(u_all), jnp.asarray(t_all), n, beta, 0.5, "normalize"))
+        except ValueError as e:
+            assert label == "one item repeated" and "duplicate" in str(e)
+            continue
+        a1, b1 = _stacked_gram(t_all, x_all, y_all, w, m)
+        a0, b0 = _stacked_gram(t_all, x_all, y_all, np.where(u_all == n - 1, 0.0, w), m)
+        da, db = np.linalg.norm(a1 - a0), np.linalg.norm(b1 - b0)
+        assert da <= sens_a * (1 + 1e-4) and db <= sens_b * (1 + 1e-4), (label, da, sens_a, db, sens_b)
+        assert da >= sens_a * (1 - 3e-3) and db >= sens_b * (1 - 3e-3)  # tight: the worst case is tested
+
+
+def test_noisy_gd_worst_case_user_total_gradient_within_recorded_sensitivity():
+    """Audit item 1: the user's TOTAL (clipped) gradient in one noisy-GD step, all of its items' features
+    aligned, labels and weights maximal, has norm ≤ the recorded sensitivity C (and = C: the bound is
+    tight). With unique (task, user) pairs there are no cross terms between tasks and the original
+    per-user clip was already exact; a user repeating one item 10x (copies aligned) reached √10·C on
+    the original code and must now be rejected."""
+    rng = np.random.default_rng(4)
+    m, n, d, clip = 15, 25, 3, 0.5
+    user, task = np.nonzero(rng.random((n - 1, m)) < 0.4)
+    x = rng.normal(size=(user.size, d)).astype(np.float32)
+    y = rng.normal(size=user.size).astype(np.float32)
+    w = np.ones(user.size, np.float32)
+    lr, q = 1.0, 1.0
+    e1 = np.zeros(d, np.float32); e1[0] = 1.0
+    for label, items in {"all items, aligned": np.arange(m), "one item repeated": np.full(10, 3)}.items():
+        cfg = NoisyGDConfig(clip_norm=clip, noise_multiplier=1.0, steps=1, learning_rate=lr, sample_rate=q)
+        kw = dict(n_tasks=m, n_users=n, cfg=cfg, clip_x=1.0, clip_y=1.0)
+        base = (task, user, x, y, w)
+        neighbour = (np.r_[task, items], np.r_[user, np.full(items.size, n - 1)], np.r_[x, np.tile(e1, (items.size, 1))],
+                     np.r_[y, np.full(items.size, -1.0, np.float32)], np.r_[w, np.full(items.size, 5.0, np.float32)])
+        rep = PrivacyReport(1e-5)
+        th0 = np.asarray(task_weighted_noisy_gd(jax.random.key(0), *base, **kw), np.float64)
+        try:
+            th1 = np.asarray(task_weighted_noisy_gd(jax.random.key(0), *neighbour, **kw, report=rep), np.float64)
+        except ValueError as e:
+            assert label == "one item repeated" and "duplicate" in str(e)
+            continue
+        # θ' = θ − lr·(Σ_j clipped G_j + noise)/(q·n) with the same noise: the difference is user j's total
+        contribution = np.linalg.norm(th0 - th1) * q * n / lr
+        sens = rep.releases[0].sensitivity
+        assert contribution <= sens * (1 + 1e-4), (label, contribution, sens)
+        assert contribution >= sens * (1 - 1e-3)
+
+
+# --------------------------------------------------------------------------------------------------
+# Item 6: public sizes and shapes under add/remove-one-user.
+
+def _released_shape(model):
+    rep = model.report
+    return dict(config=dataclasses.replace(model.config, show_progress=False), shape=model.item_factors.shape,
+                noise_multiplier=model.noise_multiplier,
+                releases=[(r.name, r.sensitivity, r.noise_scale, r.count, repr(r.event)) for r in rep.releases],
+                assumptions=list(rep.assumptions), epsilon=rep.epsilon())
+
+
+@pytest.mark.parametrize("method", ["ada-dpals", "ada-dpsgd"])
+def test_fit_public_sizes_and_hyper_parameters_unchanged_when_one_user_is_added(ratings, method):
+    """Audit item 6: dim (default), steps, λ, noise scales, sensitivities, weights' n, item-factor shape and
+    the recorded public sizes are the same on neighbouring datasets: one user added with a new id
+    beyond the current max, or with an unused id inside the range (sizes = declared id spaces)."""
+    declared_users = 400  # public bound: more than the 300 ids in use
+    gap = 150  # an id inside the range whose ratings we remove from the base dataset
+    base_rows = ratings.user != gap
+    base = Interactions(ratings.user[base_rows], ratings.item[base_rows], ratings.rating[base_rows],
+                        declared_users, ratings.n_items)
+    g = ratings.user == gap
+    beyond = _with_rows(base, np.full(g.sum(), 350), ratings.item[g], ratings.rating[g])  # id > current max
+    inside = _with_rows(base, ratings.user[g], ratings.item[g], ratings.rating[g])        # id inside the range
+    ref = _released_shape(fit(base, _cfg(method)))
+    assert ref["shape"] == (ratings.n_items, ref["config"].dim)
+    assert any(f"n_users={declared_users}" in a and f"n_items={ratings.n_items}" in a for a in ref["assumptions"])
+    for neighbour in (beyond, inside):
+        assert _released_shape(fit(neighbour, _cfg(method))) == ref
+    # the adaptive weights of the other users do not move either: n of eq. 16 is the declared size
+    counts = jnp.asarray(np.bincount(base.item, minlength=base.n_items).astype(np.float32))
+    w0 = np.asarray(W.adaptive_weights(counts, jnp.asarray(base.user), jnp.asarray(base.item), base.n_users, 100.0, 0.25))
+    w1 = np.asarray(W.adaptive_weights(counts, jnp.asarray(beyond.user), jnp.asarray(beyond.item), beyond.n_users,
+                                       100.0, 0.25))
+    np.testing.assert_array_equal(w0, w1[: base.nnz])
+
+
+def test_movielens_declared_sizes_unchanged_when_one_user_is_added(tmp_path):
+    """Audit item 6: with a declared user bound and the public item catalogue, the reader's sizes and
+    movie indices (the rows of the released item matrix) do not change when one user is added, neither
+    with a raw id beyond the max nor inside the range, even if the user rates a movie nobody else rated.
+    By default (sizes from the file) they do change, which is why a release must declare them."""
+    from jdp.data import load_movielens, load_movielens_items
+
+    rng = np.random.default_rng(5)
+    raw_users = np.r_[np.arange(1, 40), np.arange(60, 100)]  # ids 40..59 unused
+    rows = [(u, mv, float(rng.integers(1, 6))) for u in raw_users for mv in rng.choice(np.arange(1, 31), 8, replace=False)]
+    (tmp_path / "movies.dat").write_text("".join(f"{mv}::Movie {mv} (1999)::Drama\n" for mv in range(1, 41)))
+    catalogue = load_movielens_items(tmp_path)
+    np.testing.assert_array_equal(catalogue, np.arange(1, 41))
+
+    def write(extra, name):
+        path = tmp_path / name
+        path.write_text("".join(f"{u}::{mv}::{r:g}::0\n" for u, mv, r in rows + extra))
+        return path
+
+    base_path = write([], "base.dat")
+    new_user = [(mv, 35.0) for mv in (3, 35)]  # movie 35: in the catalogue, rated by nobody else
+    ref = load_movielens(base_path, n_users=200, item_ids=catalogue)
+    for raw_id in (500, 50):  # beyond the max raw id / inside the range
+        path = write([(raw_id, mv, 4.0) for mv, _ in new_user], f"plus{raw_id}.dat")
+        d = load_movielens(path, n_users=200, item_ids=catalogue)
+        assert (d.n_users, d.n_items) == (ref.n_users, ref.n_items) == (200, 40)
+        np.testing.assert_array_equal(d.item[: ref.nnz], ref.item)  # same movie -> same row of V
+        assert load_movielens(path).n_items == ref.n_items - 9  # default: only rated movies get an index...
+        assert load_movielens(path).n_users == raw_users.size + 1  # ...and n_users counts the users present
+    with pytest.raises(ValueError, match="item_ids"):
+        load_movielens(base_path, item_ids=np.arange(1, 10))
+    with pytest.raises(ValueError, match="n_users"):
+        load_movielens(base_path, n_users=10)
+
+
+def test_cli_declared_sizes_and_duplicates(tmp_path):
+    """Audit items 1 and 6 on the command line: a ratings file with a duplicated row is rejected unless
+    --merge-duplicates; --n-users / the item catalogue next to the ratings are the report's public
+    sizes, and sizes taken from the file are flagged as data-dependent in the output's assumptions."""
+    import json
+
+    from jdp.cli import main
+
+    rng = np.random.default_rng(6)
+    rows = [(u, mv, int(rng.integers(1, 6))) for u in range(1, 121) for mv in rng.choice(np.arange(1, 41), 10, replace=False)]
+    rows.append(rows[3])  # one user repeats one rating
+    (tmp_path / "ratings.dat").write_text("".join(f"{u}::{mv}::{r}::0\n" for u, mv, r in rows))
+    args = ["altmin", "--data", "movielens", "--data-path", str(tmp_path / "ratings.dat"), "--method", "dpsgd-uniform",
+            "--dim", "2", "--steps", "1", "--epsilon", "2"]
+    assert main(args) == 2  # duplicate: clean error
+    out = tmp_path / "r.json"
+    (tmp_path / "movies.dat").write_text("".join(f"{mv}::Movie {mv}::Drama\n" for mv in range(1, 51)))
+    assert main(args + ["--merge-duplicates", "--n-users", "1000", "--out", str(out)]) == 0
+    assumptions = json.loads(out.read_text())["privacy"]["assumptions"]
+    assert any("n_users=1000" in a and "n_items=50" in a for a in assumptions)
+    assert not any("data-dependent" in a for a in assumptions)
+    assert any("merged" in a for a in assumptions)
+    (tmp_path / "movies.dat").unlink()
+    assert main(args + ["--merge-duplicates", "--out", str(out)]) == 0
+    assumptions = json.loads(out.read_text())["privacy"]["assumptions"]
+    assert sum("data-dependent" in a for a in assumptions) == 2
