@@ -63,8 +63,8 @@ def test_fit_merge_duplicates_opt_in_equals_fit_on_merged_data(ratings):
     np.testing.assert_array_equal(merged.user, ratings.user)
     np.testing.assert_array_equal(merged.item, ratings.item)
     np.testing.assert_allclose(merged.rating, expect, rtol=1e-6)
-    model = fit(dup, _cfg("dpsgd-uniform", dim=2, merge_duplicates=True))
-    ref = fit(merged, _cfg("dpsgd-uniform", dim=2))
+    model = fit(dup, _cfg("dpsgd-uniform", dim=2, merge_duplicates=True), seed=0)
+    ref = fit(merged, _cfg("dpsgd-uniform", dim=2), seed=0)
     np.testing.assert_array_equal(model.item_factors, ref.item_factors)
     assert any("merged" in a for a in model.report.assumptions)
 
