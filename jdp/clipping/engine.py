@@ -39,10 +39,11 @@ class ClippedGrad:
     grad_sum: pytree like params, sum over units of the clipped gradients (no noise, not averaged).
     norms: [N] per-unit gradient norms before clipping (N = B, or num_groups with group_ids); 0 for
       masked-out units. Private: do not release without accounting.
-    loss: [B] per-example losses.
+    loss: [B] per-example losses (as computed, also for masked-out rows: mask them with `where`).
     clip_factors: [N] factor applied to each unit's gradient (0 for masked-out units).
     group_norms: [N, K] norms per parameter group for per-layer clipping (None when flat).
-    num_nonfinite: number of units whose loss or norm was not finite (their factor is 0).
+    num_nonfinite: number of unmasked units whose loss or gradient was not finite (factor 0, norm inf:
+      they contribute nothing to grad_sum).
     sensitivity: L2 sensitivity of grad_sum w.r.t. adding/removing one unit (static).
     """
     grad_sum: Any
@@ -178,7 +179,8 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
       params: pytree of float arrays (the trainable parameters).
       batch: pytree of arrays with a common leading axis B.
       l2_clip: clipping threshold C > 0 (or {label: C_k} with `clip_partition`).
-      mask: [B] bool/0-1, False for padding examples (static-shape Poisson batches).
+      mask: [B] bool/0-1 indicator, False for padding examples (static-shape Poisson batches); other
+        values raise (a mask never weights an example).
       method: "auto" (= "bk"), "ghost", "ghost-two-pass" or "vmap" (reference).
       normalize: normalised clipping g * C/||g|| instead of g * min(1, C/||g||).
       group_ids: [B] ints in [0, num_groups): examples of one unit (user) are clipped together.
@@ -186,6 +188,11 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
       clip_partition: None (flat), "per_layer" (one group per module), a callable(key_path) -> label,
         or a pytree of labels like params. A float l2_clip is split equally (C/sqrt(K) per group).
       memory_limit: bytes allowed for instantiated per-example gradients of one leaf (chunked beyond).
+
+    Embedding lookups use the rows nn.Embed itself reads (`lookup_rows`): -1 is the last row, not
+    padding. Masked-out examples and examples whose loss or gradient is not finite are set to exact
+    zeros with `where` before any norm or sum (their NaNs never reach grad_sum); a non-finite unmasked
+    unit contributes nothing and is counted in num_nonfinite (eagerly, a ValueError is raised).
 
     Unit of privacy: one example (or one group_ids unit); neighbouring relation add/remove one unit.
     Returns a ClippedGrad; grad_sum has L2 sensitivity `sensitivity`.
