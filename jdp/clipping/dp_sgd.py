@@ -180,9 +180,11 @@ class DPSGD:
         tx = self.transform(jax.random.PRNGKey(0))  # key lives in opt_state
         updates, opt_state = tx.update(cg.grad_sum, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        m = jnp.maximum(jnp.sum(mask), 1)
-        metrics = {"loss": jnp.sum(cg.loss * mask) / m, "num_nonfinite": cg.num_nonfinite,
-                   "frac_clipped": jnp.sum((cg.norms > self.l2_clip) * mask) / m}
+        keep = jnp.asarray(mask) != 0
+        m = jnp.maximum(jnp.sum(keep), 1)
+        # `where`, not `* mask`: a padding row's NaN loss must not reach the metrics (0 * NaN = NaN)
+        metrics = {"loss": jnp.sum(jnp.where(keep, cg.loss, 0.0)) / m, "num_nonfinite": cg.num_nonfinite,
+                   "frac_clipped": jnp.sum(keep & (cg.norms > self.l2_clip)) / m}
         return DPSGDState(params, opt_state, state.step + 1), metrics
 
     @property

@@ -39,10 +39,11 @@ class ClippedGrad:
     grad_sum: pytree like params, sum over units of the clipped gradients (no noise, not averaged).
     norms: [N] per-unit gradient norms before clipping (N = B, or num_groups with group_ids); 0 for
       masked-out units. Private: do not release without accounting.
-    loss: [B] per-example losses.
+    loss: [B] per-example losses (as computed, also for masked-out rows: mask them with `where`).
     clip_factors: [N] factor applied to each unit's gradient (0 for masked-out units).
     group_norms: [N, K] norms per parameter group for per-layer clipping (None when flat).
-    num_nonfinite: number of units whose loss or norm was not finite (their factor is 0).
+    num_nonfinite: number of unmasked units whose loss or gradient was not finite (factor 0, norm inf:
+      they contribute nothing to grad_sum).
     sensitivity: L2 sensitivity of grad_sum w.r.t. adding/removing one unit (static).
     """
     grad_sum: Any
@@ -101,6 +102,22 @@ def _clip_values(l2_clip, labels: tuple) -> np.ndarray:
     return np.full(len(labels), C / math.sqrt(len(labels)))
 
 
+def lookup_rows(ids: jax.Array, num_embeddings: int) -> jax.Array:
+    """Row of the table that `nn.Embed.__call__` reads for each id, or -1 where it reads none.
+
+    Derived by the very call the layer makes (`jnp.take(table, ids, axis=0)`, default mode, the ids in
+    their own dtype) on a table of row numbers, so the norms follow the model's semantics exactly:
+    negative ids wrap (-1 is the last row), ids outside [-M, M) read no row (the layer returns NaN
+    there and sends no gradient to the table), and with num_embeddings == 1 the layer broadcasts its
+    only row to every id. No id is assumed to be padding: padding that must not reach the loss has to
+    be masked by the model itself.
+    """
+    if num_embeddings == 1:
+        return jnp.zeros(jnp.shape(ids), jnp.int32)
+    rows = jnp.take(jnp.arange(num_embeddings, dtype=jnp.int32), ids, axis=0)
+    return jnp.where((rows >= 0) & (rows < num_embeddings), rows, -1)
+
+
 def _site_contribs(plan, leaves, records, tap_grads, contribs):
     """Turns recorded inputs and output gradients of each site into factored leaf contributions."""
     for k in sorted(plan.allowed):
@@ -123,12 +140,12 @@ def _site_contribs(plan, leaves, records, tap_grads, contribs):
         elif site.kind == "lookup":
             eid = pid["embedding"]
             M, d = np.shape(leaves[eid])
-            ids = x.reshape(B, -1).astype(jnp.int32)
-            R = g.reshape(B, ids.shape[1], d).astype(jnp.float32)
-            valid = (ids >= 0) & (ids < M)   # out-of-range lookups get no gradient in jnp.take
+            rows = lookup_rows(x.reshape(B, -1), M)
+            R = g.reshape(B, rows.shape[1], d).astype(jnp.float32)
+            valid = rows >= 0          # ids that read no row get no gradient (their output is NaN)
             R = jnp.where(valid[..., None], R, 0.0)
             contribs[eid].pq = (M, d)
-            contribs[eid].lookups.append((jnp.clip(ids, 0, M - 1), R))
+            contribs[eid].lookups.append((jnp.where(valid, rows, 0), R))
         elif site.kind == "attend":
             eid = pid["embedding"]
             M, d = np.shape(leaves[eid])
@@ -162,7 +179,8 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
       params: pytree of float arrays (the trainable parameters).
       batch: pytree of arrays with a common leading axis B.
       l2_clip: clipping threshold C > 0 (or {label: C_k} with `clip_partition`).
-      mask: [B] bool/0-1, False for padding examples (static-shape Poisson batches).
+      mask: [B] bool/0-1 indicator, False for padding examples (static-shape Poisson batches); other
+        values raise (a mask never weights an example).
       method: "auto" (= "bk"), "ghost", "ghost-two-pass" or "vmap" (reference).
       normalize: normalised clipping g * C/||g|| instead of g * min(1, C/||g||).
       group_ids: [B] ints in [0, num_groups): examples of one unit (user) are clipped together.
@@ -170,6 +188,11 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
       clip_partition: None (flat), "per_layer" (one group per module), a callable(key_path) -> label,
         or a pytree of labels like params. A float l2_clip is split equally (C/sqrt(K) per group).
       memory_limit: bytes allowed for instantiated per-example gradients of one leaf (chunked beyond).
+
+    Embedding lookups use the rows nn.Embed itself reads (`lookup_rows`): -1 is the last row, not
+    padding. Masked-out examples and examples whose loss or gradient is not finite are set to exact
+    zeros with `where` before any norm or sum (their NaNs never reach grad_sum); a non-finite unmasked
+    unit contributes nothing and is counted in num_nonfinite (eagerly, a ValueError is raised).
 
     Unit of privacy: one example (or one group_ids unit); neighbouring relation add/remove one unit.
     Returns a ClippedGrad; grad_sum has L2 sensitivity `sensitivity`.
@@ -193,7 +216,10 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
         mask = jnp.asarray(mask)
         if mask.shape != (B,):
             raise ValueError(f"mask must have shape ({B},) like the batch, got {mask.shape}")
-        w = mask.astype(jnp.float32)
+        if _is_concrete(mask) and not np.all(np.isin(np.asarray(mask), (0, 1))):
+            raise ValueError("mask must hold only 0/1 (or bool) values: a weight other than 1 would scale an "
+                             "example's clipped gradient beyond the sensitivity")
+        w = (mask != 0).astype(jnp.float32)   # a 0/1 indicator, never a weight
     if group_ids is not None:
         group_ids = jnp.asarray(group_ids)
         if group_ids.shape != (B,) or not jnp.issubdtype(group_ids.dtype, jnp.integer):
@@ -204,6 +230,9 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
             raise ValueError(f"num_groups must be >= 1, got {num_groups}")
         if _is_concrete(group_ids) and (np.asarray(group_ids).min() < 0 or np.asarray(group_ids).max() >= N):
             raise ValueError(f"group_ids must lie in [0, num_groups={N})")
+        # (under jit) an id outside [0, N) belongs to no unit: the example is dropped, never clipped
+        # with another unit's factor
+        w = jnp.where((group_ids >= 0) & (group_ids < N), w, 0.0)
     else:
         N = B
 
@@ -230,9 +259,16 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
         contribs[i].insts.append(g.reshape(B, -1).astype(jnp.float32))
     mth = "ghost" if method == "ghost" else "auto"
 
+    # An example is dropped (all its factors set to exact zeros with `where`, before any norm or sum)
+    # when it is masked out or when its loss or any factor of its gradient is not finite: 0 * NaN is
+    # NaN, so a zero weight alone would let a padding row's NaN poison every sum it enters.
+    ex_finite = _norms.finite_rows(contribs) & jnp.isfinite(losses)
+    keep = (w > 0) & ex_finite
+    _norms.zero_rows(contribs, keep)
+    ex_bad = (w > 0) & ~ex_finite                                     # counted in num_nonfinite
+
     # Squared norms per parameter group k, per unit n.
     K = len(labels)
-    finite_loss = jnp.isfinite(losses)
     if group_ids is None:
         sq = [jnp.zeros((B,), jnp.float32) for _ in range(K)]
         for i, c in contribs.items():
@@ -240,34 +276,47 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
                 sq[leaf_label[i]] = sq[leaf_label[i]] + _norms.sq_norms_diag(c, mth, memory_limit)
         sq = jnp.stack(sq, axis=1)                                   # [B, K]
         unit_w = w
-        unit_finite = finite_loss
+        unit_bad = ex_bad
     else:
-        A = jax.nn.one_hot(group_ids, N, dtype=jnp.float32).T * w[None, :]   # [N, B]
+        # ||sum_{b in n} g_b||^2 = sum over pairs (b, c) of unit n of <g_b, g_c>; pairs of other units
+        # are excluded with `where` (not multiplied by 0) so no other unit's value can leak in.
+        same = (group_ids[:, None] == group_ids[None, :]) & keep[:, None] & keep[None, :]
         sq = [jnp.zeros((N,), jnp.float32) for _ in range(K)]
         for i, c in contribs.items():
             if c.mats or c.lookups or c.insts:
                 Kb = _norms.sq_norms_pairs(c, mth)
-                sq[leaf_label[i]] = sq[leaf_label[i]] + jnp.einsum("nb,bc,nc->n", A, Kb, A)
+                rows = jnp.sum(jnp.where(same, Kb, 0.0), axis=1)
+                sq[leaf_label[i]] = sq[leaf_label[i]] + jax.ops.segment_sum(rows, group_ids, num_segments=N)
         sq = jnp.stack(sq, axis=1)                                   # [N, K]
-        unit_w = (jnp.sum(A, axis=1) > 0).astype(jnp.float32)
-        bad = ((~finite_loss) & (w > 0)).astype(jnp.float32)
-        unit_finite = jnp.zeros((N,), jnp.float32).at[group_ids].max(bad) == 0
+        unit_w = (jax.ops.segment_max(w, group_ids, num_segments=N) > 0).astype(jnp.float32)
+        unit_bad = jax.ops.segment_max(ex_bad.astype(jnp.int32), group_ids, num_segments=N) > 0
     gnorms = jnp.sqrt(jnp.maximum(sq, 0.0))
-    finite = unit_finite & jnp.all(jnp.isfinite(gnorms), axis=1)
+    # a norm that overflows is not finite either: the unit is dropped like a NaN one
+    finite = ~unit_bad & jnp.all(jnp.isfinite(gnorms), axis=1)
     Cs_j = jnp.asarray(Cs, jnp.float32)[None, :]
     safe = jnp.where(jnp.isfinite(gnorms), gnorms, 1.0)
     if normalize:
         factors = Cs_j / jnp.maximum(safe, 1e-12)
     else:
         factors = jnp.minimum(1.0, Cs_j / jnp.maximum(safe, 1e-12))
-    factors = factors * (unit_w * finite)[:, None]                   # [N, K]
-    gnorms = gnorms * unit_w[:, None]
+    factors = jnp.where(((unit_w > 0) & finite)[:, None], factors, 0.0)   # [N, K]
+    gnorms = jnp.where((unit_w > 0)[:, None], gnorms, 0.0)
     total_norms = jnp.sqrt(jnp.sum(jnp.where(jnp.isfinite(gnorms), gnorms, 0.0) ** 2, axis=1))
     total_norms = jnp.where(finite | (unit_w == 0), total_norms, jnp.inf)
     num_nonfinite = jnp.sum((~finite) & (unit_w > 0))
 
-    # Per-example weights per group.
-    ex_factors = factors if group_ids is None else factors[group_ids] * w[:, None]   # [B, K]
+    # Per-example weights per group (0 for dropped examples, whose factors are zeros anyway).
+    ex_factors = factors if group_ids is None else jnp.where(keep[:, None], factors[group_ids], 0.0)   # [B, K]
+
+    def bookkeeping():
+        out = []
+        for i, x in enumerate(leaves):
+            c = contribs[i]
+            if c.mats or c.lookups or c.insts:
+                out.append(_norms.clipped_sum(c, ex_factors[:, leaf_label[i]]).astype(jnp.result_type(x)))
+            else:
+                out.append(jnp.zeros(np.shape(x), jnp.result_type(x)))
+        return jax.tree.unflatten(treedef, out)
 
     if method == "ghost-two-pass":
         def weighted(p):
@@ -285,15 +334,13 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
                     if leaf_label[i] == k:
                         out[i] = x
             grad_sum = jax.tree.unflatten(treedef, out)
+        # The second backward cannot drop an example: a zero weight times a NaN/inf partial derivative
+        # of a dropped example is NaN. Then (and only then) the same clipped sum is taken by
+        # book-keeping from the zeroed factors (equal in exact arithmetic).
+        two_pass_ok = jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grad_sum)]))
+        grad_sum = jax.lax.cond(two_pass_ok, lambda: grad_sum, bookkeeping)
     else:
-        out = []
-        for i, x in enumerate(leaves):
-            c = contribs[i]
-            if c.mats or c.lookups or c.insts:
-                out.append(_norms.clipped_sum(c, ex_factors[:, leaf_label[i]]).astype(jnp.result_type(x)))
-            else:
-                out.append(jnp.zeros(np.shape(x), jnp.result_type(x)))
-        grad_sum = jax.tree.unflatten(treedef, out)
+        grad_sum = bookkeeping()
 
     result = ClippedGrad(
         grad_sum=grad_sum, norms=total_norms, loss=losses, clip_factors=factors[:, 0] if K == 1 else factors,

@@ -33,6 +33,34 @@ class LeafContribs:
     insts: list = dataclasses.field(default_factory=list)     # U [B, size]
 
 
+def _rows_finite(x: jax.Array) -> jax.Array:
+    return jnp.all(jnp.isfinite(x), axis=tuple(range(1, x.ndim)))
+
+
+def finite_rows(contribs: dict[int, LeafContribs]) -> jax.Array | bool:
+    """[B] True where every factor of the example's gradient (all leaves) is finite."""
+    ok = True
+    for c in contribs.values():
+        for L, R in c.mats:
+            ok = ok & _rows_finite(L) & _rows_finite(R)
+        for _, R in c.lookups:
+            ok = ok & _rows_finite(R)
+        for u in c.insts:
+            ok = ok & _rows_finite(u)
+    return ok
+
+
+def zero_rows(contribs: dict[int, LeafContribs], keep: jax.Array) -> None:
+    """Sets every factor of the examples with keep False to exact zeros (`where`, NaN-safe), in place."""
+    def z(x):
+        return jnp.where(keep.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.zeros((), x.dtype))
+
+    for c in contribs.values():
+        c.mats = [(z(L), z(R)) for L, R in c.mats]
+        c.lookups = [(ids, z(R)) for ids, R in c.lookups]
+        c.insts = [z(u) for u in c.insts]
+
+
 def _cat(xs, axis=1):
     return xs[0] if len(xs) == 1 else jnp.concatenate(xs, axis=axis)
 
@@ -178,4 +206,4 @@ def clipped_sum(c: LeafContribs, weights: jax.Array) -> jax.Array:
     return out.reshape(c.shape)
 
 
-__all__ = ["LeafContribs", "choose_instantiate", "sq_norms_diag", "sq_norms_pairs", "clipped_sum"]
+__all__ = ["LeafContribs", "choose_instantiate", "finite_rows", "zero_rows", "sq_norms_diag", "sq_norms_pairs", "clipped_sum"]

@@ -1,0 +1,290 @@
+"""Privacy regression tests of `jdp.clipping` (audit items 3 and 9, first half).
+
+Item 3: the engine's per-example norms and clipped sums follow the model's OWN gradient (nn.Embed's id
+semantics: -1 wraps to the last row, ids outside [-V, V) read no row, a one-row table broadcasts), and
+no example's clipped contribution exceeds the clip bound, for every method.
+Item 9: a NaN/inf in a masked-out (padding) example never reaches grad_sum; a non-finite unmasked
+example is counted in num_nonfinite and contributes exactly nothing.
+"""
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import jdp.clipping as jc
+from jdp.clipping.engine import lookup_rows
+from jdp.seqrec import _clip_fallback
+
+V = 11             # vocabulary of the test model
+B, T = 8, 5
+C = 6.0            # clip bound: about half the examples of the test batch are clipped
+REL = 1e-4         # float32 agreement with the vmap(grad) reference
+SENS_REL = 1e-5    # float32 rounding allowed on top of the clip bound
+GID = jnp.array([0, 0, 1, 2, 2, 2, 1, 3])   # user of each example (user-level clipping)
+
+
+# ------------------------------------------------------------------------------------------ model
+class Model(nn.Module):
+    """Tied item embedding (lookup + attend on one table: Phantom clipping), a bag-of-embeddings head,
+    a one-row table, a category embedding and a dense feature path.
+
+    Padding -1 is NOT masked: it reaches the loss as row V-1 (nn.Embed's semantics). Item ids outside
+    [-V, V) are masked by the model itself (its own padding convention). The one-row table broadcasts
+    its row to every id. The category table `s` and the features `x` are not masked at all, so an
+    out-of-range category or a NaN feature makes the example's loss non-finite.
+    """
+
+    @nn.compact
+    def __call__(self, b):
+        t = b["t"]
+        emb = nn.Embed(V, 6)
+        inside = ((t >= -V) & (t < V))[..., None]
+        h = jnp.where(inside, emb(t), 0.0) + nn.Embed(1, 6)(t) + nn.Dense(6)(b["x"])[:, None]
+        tok_logits = emb.attend(nn.tanh(nn.Dense(6)(h)))                    # [B, T, V]
+        bag_logits = nn.Dense(3)(h.mean(1) + nn.Embed(V, 6)(b["s"]))        # [B, 3]
+        return tok_logits, bag_logits
+
+
+def _ce(logits, y):
+    return -jnp.take_along_axis(jax.nn.log_softmax(logits), y[..., None], -1)[..., 0]
+
+
+def loss_fn(p, b):
+    tok, bag = Model().apply({"params": p}, b)
+    return _ce(tok, b["yt"]).sum(-1) + _ce(bag, b["y"])
+
+
+def _case(seed=0, scale=1.0):
+    rng = np.random.default_rng(seed)
+    t = rng.integers(-V - 3, V + 3, (B, T))
+    t[0] = -1                      # all-padding row that reaches the loss (row V-1, T times)
+    t[1] = V + 2                   # all out-of-range: the model masks every position
+    t[2, : T // 2] = -1            # half padding
+    t[3] = -V                      # wraps to row 0
+    batch = {"t": jnp.asarray(t, jnp.int32), "s": jnp.asarray(rng.integers(0, V, B), jnp.int32),
+             "x": jnp.asarray(rng.normal(size=(B, 4)), jnp.float32),
+             "yt": jnp.asarray(rng.integers(0, V, (B, T))), "y": jnp.asarray(rng.integers(0, 3, B))}
+    params = Model().init(jax.random.PRNGKey(seed), jax.tree.map(lambda a: a[:1], batch))["params"]
+    return jax.tree.map(lambda a: a * scale, params), batch
+
+
+def _flat(tree, rows=None):
+    leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(tree)]
+    return np.concatenate([x.reshape(rows, -1) if rows else x.reshape(-1) for x in leaves], axis=-1)
+
+
+def _jit(f):
+    """jax.jit compiled once, for the first call's shapes, without XLA's backend optimisations: the
+    programs are tiny and run a few dozen times, so compilation dominates the test time."""
+    compiled = []
+
+    def call(*args):
+        if not compiled:
+            compiled.append(jax.jit(f).lower(*args).compile({"xla_backend_optimization_level": 0}))
+        return compiled[0](*args)
+    return call
+
+
+_reference = _jit(lambda p, b: jc.per_example_grads_reference(loss_fn, p, b))
+
+
+CONFIGS = {"plain": {}, "normalize": {"normalize": True}, "user": {"group_ids": GID, "num_groups": 4},
+           "per_layer": {"clip_partition": "per_layer"}}
+
+
+@functools.lru_cache(maxsize=None)
+def _program(method):
+    # one program per method for every configuration: they share the per-example pass, so XLA
+    # compiles that once (compilation, not running, is what these tests spend their time on)
+    def f(p, b, m):
+        out = {}
+        for name, kw in CONFIGS.items():
+            cg = jc.clipped_grad(loss_fn, p, b, l2_clip=C, mask=m, method=method, **kw)
+            out[name] = (cg.grad_sum, cg.norms, cg.clip_factors, cg.num_nonfinite)
+        return out
+    return _jit(f)
+
+
+def engine(method, config="plain"):
+    """clipped_grad(params, batch, mask) of the test model -> (grad_sum, norms, clip_factors, num_nonfinite)."""
+    return lambda p, b, m: _program(method)(p, b, m)[config]
+
+
+ALL = jnp.ones(B, bool)
+
+
+# ------------------------------------------------------------------------------- item 3: semantics
+def test_lookup_rows_is_the_row_nn_embed_reads():
+    """Audit item 3: the rows the engine scatters to are exactly those nn.Embed's own gradient reaches
+    (negative ids wrap; ids outside [-M, M) read none; a one-row table broadcasts), for several id
+    dtypes (with int8 ids and M=300, jnp.take maps -1 to row 43: the engine follows the layer)."""
+    for M, dtype, ids in [(5, jnp.int32, [-7, -6, -5, -3, -1, 0, 4, 5, 6, 1 << 30]),
+                          (5, jnp.int8, [-128, -6, -5, -1, 0, 4, 5, 127]),
+                          (300, jnp.int8, [-128, -1, 0, 127]),
+                          (5, jnp.uint8, [0, 4, 5, 255]),
+                          (1, jnp.int32, [-9, -1, 0, 3])]:
+        ids = jnp.asarray(np.array(ids).astype(np.dtype(dtype)))
+        w = jnp.arange(1.0, len(ids) + 1)[:, None]
+
+        def f(e, ids=ids, M=M, w=w):
+            out = nn.Embed(M, 1).apply({"params": {"embedding": e}}, ids)
+            return jnp.sum(jnp.where(jnp.isfinite(out), out, 0.0) * w)
+
+        want = np.asarray(jax.grad(f)(jnp.zeros((M, 1))))[:, 0]
+        rows = np.asarray(lookup_rows(ids, M))
+        got = np.zeros(M)
+        np.add.at(got, rows[rows >= 0], np.asarray(w)[rows >= 0, 0])
+        np.testing.assert_array_equal(got, want, err_msg=f"M={M} dtype={dtype.__name__}")
+    assert lookup_rows(jnp.array([-1], jnp.int32), 7).tolist() == [6]
+
+
+@pytest.mark.parametrize("method", jc.METHODS)
+def test_norms_and_clipped_sum_follow_the_models_own_gradient(method):
+    """Audit item 3: with -1 padding reaching the loss, ids >= vocab and < -vocab masked by the model,
+    all-padding rows, a one-row table and tied embeddings, every method's per-example and per-user
+    norms and clipped sum equal the jax.vmap(jax.grad) reference (the old engine treated -1 as 'no
+    gradient': norms and sums off by up to ~15%)."""
+    params, batch = _case()
+    per = _flat(_reference(params, batch), B)
+    ref = np.linalg.norm(per, axis=1)
+    assert 0.2 < np.mean(ref > C) < 0.8           # the bound is active for some examples only
+    g, norms, _, bad = engine(method)(params, batch, ALL)
+    assert int(bad) == 0
+    np.testing.assert_allclose(np.asarray(norms), ref, rtol=REL)
+    want = (per * np.minimum(1.0, C / ref)[:, None]).sum(0)
+    np.testing.assert_allclose(_flat(g), want, rtol=REL, atol=REL * C)
+    # user level: the norm of each user's summed gradient (cross terms between its examples included)
+    users = np.stack([per[np.asarray(GID) == n].sum(0) for n in range(4)])
+    unorm = np.linalg.norm(users, axis=1)
+    g, norms, _, _ = engine(method, "user")(params, batch, ALL)
+    np.testing.assert_allclose(np.asarray(norms), unorm, rtol=REL)
+    np.testing.assert_allclose(_flat(g), (users * np.minimum(1.0, C / unorm)[:, None]).sum(0),
+                               rtol=REL, atol=REL * C)
+
+
+@pytest.mark.parametrize("method", jc.METHODS)
+def test_every_contribution_is_within_the_clip_bound(method):
+    """Audit item 3 (sensitivity): for random single-example batches (all rows but one masked) and for
+    each example's contribution to a multi-example batch (grad_sum with it minus grad_sum without it),
+    the clipped contribution never exceeds C, with and without normalize; per user the same holds for
+    a user's whole contribution. On the old engine ghost-two-pass exceeded C with -1 padding."""
+    eye = jnp.eye(B, dtype=bool)
+    for normalize in (False, True):
+        step = engine(method, "normalize" if normalize else "plain")
+        worst = 0.0
+        for seed, scale in ((1, 0.05), (2, 1.0), (3, 4.0)):     # tiny to large gradients
+            params, batch = _case(seed, scale)
+            full = _flat(step(params, batch, ALL)[0])
+            for b in range(B):
+                alone = np.linalg.norm(_flat(step(params, batch, eye[b])[0]))
+                worst = max(worst, alone, np.linalg.norm(full - _flat(step(params, batch, ~eye[b])[0])))
+                if normalize:   # normalised clipping releases exactly C for every example
+                    assert alone == pytest.approx(C, rel=1e-3)
+        assert worst <= C * (1 + SENS_REL), (normalize, worst / C)
+    step = engine(method, "user")
+    params, batch = _case(3, 4.0)
+    full = _flat(step(params, batch, ALL)[0])
+    for n in range(4):
+        assert np.linalg.norm(full - _flat(step(params, batch, GID != n)[0])) <= C * (1 + SENS_REL)
+
+
+def test_per_layer_clipping_sensitivity():
+    """Audit item 3 (sensitivity): per-layer clipping stays within its documented sensitivity
+    sqrt(sum_k C_k^2) = C, book-keeping and two-pass alike."""
+    eye = jnp.eye(B, dtype=bool)
+    params, batch = _case(2, 4.0)
+    for method in jc.METHODS:
+        step = engine(method, "per_layer")
+        for b in range(B):
+            assert np.linalg.norm(_flat(step(params, batch, eye[b])[0])) <= C * (1 + SENS_REL)
+
+
+# ----------------------------------------------------------------------------------- item 9: NaN
+def _poison(batch, rows, kind):
+    rows = np.asarray(rows)
+    if kind == "nan-x":
+        return {**batch, "x": batch["x"].at[rows, 1].set(jnp.nan)}
+    if kind == "inf-x":
+        return {**batch, "x": batch["x"].at[rows].set(jnp.inf)}
+    return {**batch, "s": batch["s"].at[rows].set(V + 5)}   # out-of-range id: nn.Embed returns NaN
+
+
+KINDS = ("nan-x", "inf-x", "oob-id")
+
+
+@pytest.mark.parametrize("method", jc.METHODS)
+def test_nan_in_padding_rows_never_reaches_grad_sum(method):
+    """Audit item 9: NaN / inf inputs (and out-of-range ids, which nn.Embed turns into NaN) in masked-out
+    rows leave grad_sum exactly as with clean padding and num_nonfinite == 0, per example and per user
+    (the old engine returned a NaN grad_sum with num_nonfinite 0, and per user flagged every unit)."""
+    params, batch = _case()
+    mask = jnp.array([1, 1, 1, 0, 1, 1, 1, 0], bool)
+    for grouped in (False, True):
+        step = engine(method, "user" if grouped else "plain")
+        clean = step(params, batch, mask)
+        assert int(clean[3]) == 0
+        for kind in KINDS:
+            g, norms, _, bad = step(params, _poison(batch, [3, 7], kind), mask)
+            assert int(bad) == 0, (kind, grouped)
+            # (ghost-two-pass then sums by book-keeping: equal up to float rounding)
+            np.testing.assert_allclose(_flat(g), _flat(clean[0]), rtol=1e-5, atol=1e-6, err_msg=kind)
+            if not grouped:
+                assert float(norms[3]) == 0.0 and float(norms[7]) == 0.0
+
+
+@pytest.mark.parametrize("method", jc.METHODS)
+def test_nonfinite_unmasked_example_is_counted_and_contributes_nothing(method):
+    """Audit item 9: an unmasked example whose loss or gradient is not finite is counted in
+    num_nonfinite, gets factor 0 and norm inf, and grad_sum equals the result without it (never NaN,
+    never above the sensitivity); per user its whole unit is dropped, other users are unaffected.
+    (Called eagerly, clipped_grad raises a ValueError instead: tests/test_clipping_engine.py.)"""
+    params, batch = _case()
+    for kind in KINDS:
+        bad_batch = _poison(batch, [4], kind)
+        g, norms, fac, bad = engine(method)(params, bad_batch, ALL)
+        want = engine(method)(params, bad_batch, jnp.arange(B) != 4)[0]
+        assert int(bad) == 1 and float(fac[4]) == 0.0 and np.isinf(float(norms[4])), kind
+        np.testing.assert_allclose(_flat(g), _flat(want), rtol=1e-5, atol=1e-6, err_msg=kind)
+        # per user: user 2 holds examples 3, 4 and 5; it is dropped as a whole
+        g, norms, fac, bad = engine(method, "user")(params, bad_batch, ALL)
+        want = engine(method, "user")(params, bad_batch, GID != 2)[0]
+        assert int(bad) == 1 and float(fac[2]) == 0.0 and np.all(np.asarray(fac)[[0, 1, 3]] > 0), kind
+        np.testing.assert_allclose(_flat(g), _flat(want), rtol=1e-5, atol=1e-6, err_msg=kind)
+
+
+def test_mask_must_be_an_indicator():
+    """Audit item 9: the mask selects examples, it never weights them (a weight of 2 would double an
+    example's clipped contribution beyond the sensitivity)."""
+    params, batch = _case()
+    with pytest.raises(ValueError, match="mask"):
+        jc.clipped_grad(loss_fn, params, batch, l2_clip=C, mask=jnp.array([1, 2, 1, 0, 1, 1, 1, 1.0]))
+
+
+def test_dp_sgd_step_and_vmap_fallback_ignore_nan_padding():
+    """Audit item 9: DP-SGD's step (metrics included) and the seq-rec vmap fallback are unaffected by a
+    NaN in a padding row; the fallback counts and drops a non-finite unmasked example."""
+    params, batch = _case()
+    mask = jnp.array([1, 1, 1, 0, 1, 1, 1, 0], bool)
+    dirty = _poison(batch, [3, 7], "nan-x")
+    dp = jc.dp_sgd(loss_fn, optax.sgd(0.1), num_examples=B, batch_size=4, l2_clip=C, delta=1e-5,
+                   steps=1, noise_multiplier=1.0, max_batch_size=B)
+    outs = []
+    for b in (batch, dirty):
+        state, metrics = dp.step(dp.init(params, jax.random.PRNGKey(7)), b, mask)
+        outs.append((_flat(state.params), metrics))
+    np.testing.assert_allclose(outs[1][0], outs[0][0], rtol=1e-6)
+    assert int(outs[1][1]["num_nonfinite"]) == 0
+    assert float(outs[1][1]["loss"]) == pytest.approx(float(outs[0][1]["loss"]), rel=1e-6)
+
+    fb = _jit(lambda p, b, m: _clip_fallback.clipped_grad(loss_fn, p, b, l2_clip=C, mask=m, micro_batch=4))
+    clean, res = fb(params, batch, mask), fb(params, dirty, mask)
+    np.testing.assert_allclose(_flat(res.grad_sum), _flat(clean.grad_sum), rtol=1e-6, atol=1e-9)
+    assert int(res.num_nonfinite) == 0 and float(res.norms[3]) == 0.0
+    res = fb(params, _poison(batch, [4], "inf-x"), ALL)
+    want = fb(params, _poison(batch, [4], "inf-x"), jnp.arange(B) != 4)
+    assert int(res.num_nonfinite) == 1
+    np.testing.assert_allclose(_flat(res.grad_sum), _flat(want.grad_sum), rtol=1e-6, atol=1e-9)
