@@ -169,7 +169,7 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
                  l2_clip: float | Mapping[Any, float], mask: jax.Array | None = None,
                  method: str = "auto", normalize: bool = False, group_ids: jax.Array | None = None,
                  num_groups: int | None = None, clip_partition: Any = None,
-                 memory_limit: int = DEFAULT_MEMORY_LIMIT) -> ClippedGrad:
+                 memory_limit: int = DEFAULT_MEMORY_LIMIT, matmul_precision: str | None = "highest") -> ClippedGrad:
     """Sum of per-example (or per-group) clipped gradients, exactly, without B x params memory.
 
     Args:
@@ -188,6 +188,11 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
       clip_partition: None (flat), "per_layer" (one group per module), a callable(key_path) -> label,
         or a pytree of labels like params. A float l2_clip is split equally (C/sqrt(K) per group).
       memory_limit: bytes allowed for instantiated per-example gradients of one leaf (chunked beyond).
+      matmul_precision: precision of every matmul traced here (`jax.default_matmul_precision`).
+        "highest" (default) keeps float32: on GPUs the default TF32 matmuls computed the norms and
+        the clipped sum with different rounding, and one example's contribution measured up to
+        1.00036·C on an H100. None keeps the caller's setting (faster there; the bound then holds
+        only up to that rounding).
 
     Embedding lookups use the rows nn.Embed itself reads (`lookup_rows`): -1 is the last row, not
     padding. Masked-out examples and examples whose loss or gradient is not finite are set to exact
@@ -199,6 +204,11 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if matmul_precision is not None:
+        with jax.default_matmul_precision(matmul_precision):
+            return clipped_grad(loss_fn, params, batch, l2_clip=l2_clip, mask=mask, method=method,
+                                normalize=normalize, group_ids=group_ids, num_groups=num_groups,
+                                clip_partition=clip_partition, memory_limit=memory_limit, matmul_precision=None)
     B = _batch_size(batch)
     leaves, treedef = jax.tree.flatten(params)
     if not leaves:

@@ -89,7 +89,13 @@ def _jit(f):
     return call
 
 
-_reference = _jit(lambda p, b: jc.per_example_grads_reference(loss_fn, p, b))
+def _reference_grads(p, b):
+    # float32 matmuls like the engine's default (GPUs would use TF32 for the reference otherwise)
+    with jax.default_matmul_precision("highest"):
+        return jc.per_example_grads_reference(loss_fn, p, b)
+
+
+_reference = _jit(_reference_grads)
 
 
 CONFIGS = {"plain": {}, "normalize": {"normalize": True}, "user": {"group_ids": GID, "num_groups": 4},
