@@ -6,7 +6,11 @@ authors' generator variant (features uniform in [0,1]^30, rows normalised), loca
 DP-FTMRL, 5 repetitions. Privacy unit: one task; meta-NSGD / clustering use Poisson task sampling
 (expected 10 tasks per step, T = N steps, as the authors' TF-Privacy calibration assumes) accounted with
 PoissonSampledDpEvent under add/remove-one-task; one fixed-size (without replacement, replace-one) row
-is added for comparison.
+is added for comparison. Every private row also records ε under add/remove one task and under replace
+one task (`relation_epsilons`, by dp_accounting from the row's noise multiplier), so rows accounted
+natively under different relations (Poisson: add/remove; fixed-size: replace-one; DP-FTMRL: replace by
+a null task) compare in one column; `--add-relations` adds them to a stored results file without
+re-running the grid.
 
 Hyper-parameters are the authors' code defaults, translated to jdp's convention (regulariser (λ/2)‖w−h‖²,
 meta-gradient λ(h − w)): the code's 0.4‖w−h‖² is λ = 0.8, its meta-gradient 0.4(h − w) with step 0.7 and
@@ -17,6 +21,7 @@ Speed: the same algorithm as a plain per-task Python/NumPy loop, timed on identi
 
     PYTHONPATH=. python -m benchmarks.meta_experiments            # full grid (minutes on 2 CPU cores)
     PYTHONPATH=. python -m benchmarks.meta_experiments --quick    # 2 reps, N in {100, 400}
+    PYTHONPATH=. python -m benchmarks.meta_experiments --add-relations   # restate stored rows' ε
 """
 from __future__ import annotations
 
@@ -67,6 +72,31 @@ def noise_multiplier(n: int, eps: float | None, sampling: str = "poisson") -> fl
     return M.calibrate_noise_multiplier(lambda s: M.meta_sgd_event(s, n, BATCH, n, sampling), eps, DELTA, rel)
 
 
+def relation_epsilons(row: dict) -> dict:
+    """{"epsilon_add_remove", "epsilon_replace_one"} of a private row from its noise multiplier (std /
+    native sensitivity), by `jdp.meta.privacy.epsilon_under` (clip cancels: std is stated in units of C)."""
+    if row.get("epsilon") is None or not row.get("noise_multiplier"):
+        return {}
+    n = int(row["n_tasks"])
+    if row["sampling"] == "one pass":
+        mech, std, counts = "tree", row["noise_multiplier"], dict(n_tasks=n, batch_size=BATCH, steps=-(-n // BATCH))
+    else:
+        mech = row["sampling"]
+        std = row["noise_multiplier"] * privacy.sensitivity_factor(privacy.relation_for_sampling(mech))
+        counts = dict(n_tasks=n, batch_size=BATCH, steps=n)
+    return {f"epsilon_{name}": privacy.epsilon_under(mech, rel, float(std), 1.0, row["delta"], **counts)
+            for name, rel in (("add_remove", privacy.ADD_REMOVE), ("replace_one", privacy.REPLACE_ONE))}
+
+
+def add_relations(path) -> None:
+    """Adds relation_epsilons to every private row of a stored results file (no re-run)."""
+    d = json.loads(path.read_text())
+    for r in tqdm(d["results"], desc="rows"):
+        r.update(relation_epsilons(r))
+    d["relation_epsilons_added_by"] = CMD + " --add-relations"
+    path.write_text(json.dumps(d, indent=2) + "\n")
+
+
 def grid_runner(q: int, sampling: str, learner=LEARNER):
     """jit(vmap over reps(vmap over configs)) of the engine + evaluation -> risks [R, C]."""
     def one(key, data, mask, n_active, noise_std, clip, h0, ft, ts):
@@ -112,6 +142,7 @@ def run_grid(setting: str, qs, epsilons, ns, reps: int, seed: int = 0, sampling:
                              sampling=sampling, epsilon=e, delta=DELTA if e is not None else None, q=q, n_tasks=n,
                              transfer_risk=float(risks[:, j].mean()), transfer_risk_std=float(risks[:, j].std()),
                              noise_multiplier=z[(n, e)] or None, clip=clip, reps=reps, grid_wall_s=wall))
+            rows[-1].update(relation_epsilons(rows[-1]))
     # local training: each new task fits alone from h = 0 (λ = 0.8, and a nearly unregularised λ = 1e-6)
     for lam, name in ((LAM, "local training"), (1e-6, "local training (lambda=1e-6)")) if local else ():
         learner = M.SGDLearner(M.squared_loss, lam=lam, steps=INNER_STEPS, lr=INNER_LR, batch_size=INNER_BATCH)
@@ -141,6 +172,7 @@ def run_ftmrl(setting, epsilons, ns, pools, tests, rk, clip) -> list[dict]:
                              method="DP-FTMRL", sampling="one pass", epsilon=e, delta=DELTA, q=1, n_tasks=n,
                              transfer_risk=float(np.mean(risks)), transfer_risk_std=float(np.std(risks)),
                              noise_multiplier=r.noise_multiplier, clip=clip, reps=len(rk)))
+            rows[-1].update(relation_epsilons(rows[-1]))
     return rows
 
 
@@ -255,7 +287,12 @@ def main(argv=None) -> None:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--skip-speed", action="store_true")
     p.add_argument("--only-speed", action="store_true")
+    p.add_argument("--add-relations", action="store_true",
+                   help="only add ε under both neighbouring relations to the stored results file")
     args = p.parse_args(argv)
+    if args.add_relations:
+        add_relations(RESULTS_DIR / ("meta_transfer_risk_quick.json" if args.quick else "meta_transfer_risk.json"))
+        return
     reps = 2 if args.quick else args.reps
     ns = [100, 400] if args.quick else [100, 200, 300, 400, 500, 600, 700]
     eps = [1.0, 3.0, 10.0, None]

@@ -79,8 +79,8 @@ def dp_ftmrl(key, tasks: TaskSet, learner, h0: PyTree, *, epsilon: float | None,
     else:
         z = privacy.calibrate_tree(acc.check_epsilon(epsilon), delta, n_steps)
     report = privacy.new_report(delta, privacy.REPLACE_SPECIAL)
-    report.add(f"DP-FTMRL: tree aggregation over {n_steps} steps of {b} tasks", privacy.tree_event(z, n_steps),
-               clip, z * clip)
+    report.add_mechanism(f"DP-FTMRL: tree aggregation over {n_steps} steps of {b} tasks", "tree", z * clip, clip,
+                         n_tasks=k, batch_size=b, steps=n_steps)
     h0_flat, spec = stack_init(h0)
     last, avg = _ftmrl_jit(key, tasks.data, tasks.mask, h0_flat[0], learner=learner, spec=spec, batch_size=b,
                            shuffle=bool(shuffle), meta_lr=jnp.float32(meta_lr), clip=jnp.float32(clip),

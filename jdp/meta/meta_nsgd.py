@@ -109,8 +109,8 @@ def run_private(key, tasks: TaskSet, learner, h0_flat: jax.Array, spec: engine.F
         z = privacy.calibrate_meta_sgd(epsilon, delta, k, int(batch_size), int(steps), sampling)
     noise_std = z * sens
     report = privacy.new_report(delta, relation)
-    report.add(f"{name}: {steps} noisy steps, {sampling} sampling of {batch_size}/{k} tasks",
-               privacy.meta_sgd_event(z, k, batch_size, steps, sampling), sens, noise_std)
+    report.add_mechanism(f"{name}: {steps} noisy steps, {sampling} sampling of {batch_size}/{k} tasks",
+                         sampling, noise_std, clip, n_tasks=k, batch_size=int(batch_size), steps=int(steps))
     last, avg = engine.train_jit(
         key, tasks.data, tasks.mask, h0_flat, learner=learner, spec=spec, batch_size=int(batch_size),
         sampling=sampling, steps=int(steps), n_active=k, meta_lr=float(meta_lr), clip=jnp.float32(clip),

@@ -13,6 +13,21 @@ depends on how tasks are sampled, and each event is only supported under one nei
 The Gaussian noise multiplier of an event is noise std / sensitivity *under that relation*, so the same
 std protects a fixed-size batch only half as well per unit of noise as a Poisson batch. Totals always come
 from dp_accounting's RDP accountant built with the matching relation.
+
+Comparable ε: every MetaPrivacyReport also states ε under BOTH common relations (`epsilon_by_relation`),
+recomputed by dp_accounting from each release's noise std and clip C, so methods accounted natively under
+different relations can be put side by side:
+
+| mechanism | add/remove one task (sensitivity C)            | replace one task (sensitivity 2C)                  |
+|-----------|------------------------------------------------|----------------------------------------------------|
+| Poisson   | RDP, PoissonSampled(Gaussian(std/C))  (native) | PLD REPLACE_ONE, PoissonSampled(Gaussian(std/C))*  |
+| fixed     | not defined: m of K needs K fixed (None)       | RDP REPLACE_ONE, WOR(Gaussian(std/2C))  (native)   |
+| tree      | RDP REPLACE_SPECIAL, Tree(std/C)  (native)**   | RDP REPLACE_SPECIAL, Tree(std/2C)                  |
+
+* dp_accounting's PLD REPLACE_ONE pair is the mixture shifted by ±sensitivity, i.e. two outputs 2C apart,
+  so its multiplier is std/C. ** DP-FTRL's streaming relation: a removed task leaves a null slot (zero
+  meta-gradient) in the public stream of K slots; one slot changes by at most C. Replacing a task by
+  another moves its slot by at most 2C, which is the same tree analysis at sensitivity 2C.
 """
 from __future__ import annotations
 
@@ -166,13 +181,84 @@ def theory_noise(epsilon: float, delta: float, n_tasks: int, steps: int, grad_bo
 
 
 # ----------------------------------------------------------------------------------------------------
+MECHANISMS = ("poisson", "fixed", "tree")
+
+
+def event_under(mechanism: str, relation: str, noise_std: float, clip: float, *, n_tasks: int = 1,
+                batch_size: int = 1, steps: int = 1) -> tuple[dpe.DpEvent, str] | None:
+    """(event, accountant) describing `mechanism` under `relation` (ADD_REMOVE or REPLACE_ONE), or None when
+    that relation is not defined for it (table in the module doc). noise_std and clip are those of the
+    run; each event's multiplier is std / sensitivity in dp_accounting's convention for that relation."""
+    noise_std, clip = acc.check_positive(noise_std, "noise_std"), acc.check_positive(clip, "clip")
+    if relation not in (ADD_REMOVE, REPLACE_ONE):
+        raise ValueError(f"relation must be {ADD_REMOVE!r} or {REPLACE_ONE!r}, got {relation!r}")
+    z = noise_std / clip
+    if mechanism == "poisson":
+        step = dpe.PoissonSampledDpEvent(int(batch_size) / int(n_tasks), dpe.GaussianDpEvent(z))
+        return dpe.SelfComposedDpEvent(step, int(steps)), ("rdp" if relation == ADD_REMOVE else "pld")
+    if mechanism == "fixed":
+        return None if relation == ADD_REMOVE else (meta_sgd_event(z / 2, n_tasks, batch_size, steps, "fixed"), "rdp")
+    if mechanism == "tree":
+        return tree_event(z if relation == ADD_REMOVE else z / 2, steps), "rdp"
+    raise ValueError(f"mechanism must be one of {MECHANISMS}, got {mechanism!r}")
+
+
+@functools.lru_cache(maxsize=256)  # a PLD over many steps takes seconds; reports print it more than once
+def epsilon_under(mechanism: str, relation: str, noise_std: float, clip: float, delta: float, *,
+                  n_tasks: int = 1, batch_size: int = 1, steps: int = 1) -> float | None:
+    """ε at δ of `mechanism` under `relation` by dp_accounting (None when not defined; see event_under).
+    The accountant is the one event_under names (PLD for Poisson under replace-one: RDP has no bound for
+    it; tighter than RDP, so compare cells of one accountant where it matters)."""
+    got = event_under(mechanism, relation, noise_std, clip, n_tasks=n_tasks, batch_size=batch_size, steps=steps)
+    if got is None:
+        return None
+    event, accountant = got
+    # the tree event is analysed by dp_accounting under REPLACE_SPECIAL only (module doc)
+    native = REPLACE_SPECIAL if mechanism == "tree" else relation
+    return epsilon_of(event, delta, native, accountant)
+
+
 @dataclasses.dataclass
 class MetaPrivacyReport(acc.PrivacyReport):
     """PrivacyReport whose accountant uses the neighbouring relation of its events (see module doc).
 
-    unit="task": neighbouring datasets differ in one task's whole dataset.
+    unit="task": neighbouring datasets differ in one task's whole dataset. `mechanisms` keeps, per
+    release, what `epsilon_by_relation` needs to restate ε under add/remove and under replace-one.
     """
     neighboring: str = ADD_REMOVE
+    mechanisms: list = dataclasses.field(default_factory=list)
+
+    def add_mechanism(self, name: str, mechanism: str, noise_std: float, clip: float, *, n_tasks: int,
+                      batch_size: int, steps: int) -> "MetaPrivacyReport":
+        """Records one meta-training release from its noise std and clip C (native event and sensitivity)."""
+        noise_std, clip = acc.check_positive(noise_std, "noise_std"), acc.check_positive(clip, "clip")
+        counts = dict(n_tasks=int(n_tasks), batch_size=int(batch_size), steps=int(steps))
+        if mechanism == "tree":
+            event, sens = tree_event(noise_std / clip, steps), clip
+        elif mechanism in SAMPLINGS:
+            sens = sensitivity_factor(relation_for_sampling(mechanism)) * clip
+            event = meta_sgd_event(noise_std / sens, n_tasks, batch_size, steps, mechanism)
+        else:
+            raise ValueError(f"mechanism must be one of {MECHANISMS}, got {mechanism!r}")
+        self.add(name, event, sens, noise_std)
+        self.mechanisms.append(dict(mechanism=mechanism, noise_std=noise_std, clip=clip, **counts))
+        return self
+
+    def epsilon_by_relation(self, delta: float | None = None) -> dict[str, float | None]:
+        """{relation: ε} under add/remove one task and replace one task, by dp_accounting (module doc);
+        None where a release is not defined under that relation. With several releases they compose
+        per relation only when each is a single mechanism (the meta algorithms release one each)."""
+        delta = self.delta if delta is None else acc.check_delta(delta)
+        if not self.mechanisms:  # nothing released (0) or a non-private run (inf): the same under both
+            eps = self.epsilon(delta)
+            return {ADD_REMOVE: eps if eps in (0.0, math.inf) else None,
+                    REPLACE_ONE: eps if eps in (0.0, math.inf) else None}
+        if len(self.mechanisms) != 1:
+            raise ValueError("epsilon_by_relation supports one meta-training release per report")
+        (m,) = self.mechanisms
+        return {rel: epsilon_under(m["mechanism"], rel, m["noise_std"], m["clip"], delta, n_tasks=m["n_tasks"],
+                                   batch_size=m["batch_size"], steps=m["steps"])
+                for rel in (ADD_REMOVE, REPLACE_ONE)}
 
     def __post_init__(self):
         super().__post_init__()
@@ -193,6 +279,14 @@ class MetaPrivacyReport(acc.PrivacyReport):
             "accountant": type(a).__name__,
             "delta": self.delta,
             "epsilon": self.epsilon(),
+            "epsilon_by_relation": self.epsilon_by_relation(),
+            "epsilon_by_relation_accountant": {
+                rel: (None if not self.mechanisms or len(self.mechanisms) != 1 else
+                      (lambda got: None if got is None else got[1])(event_under(
+                          self.mechanisms[0]["mechanism"], rel, self.mechanisms[0]["noise_std"],
+                          self.mechanisms[0]["clip"], n_tasks=self.mechanisms[0]["n_tasks"],
+                          batch_size=self.mechanisms[0]["batch_size"], steps=self.mechanisms[0]["steps"])))
+                for rel in (ADD_REMOVE, REPLACE_ONE)},
             "pure_epsilon": None,
             "releases": [
                 {"name": r.name, "event": repr(r.event), "sensitivity": r.sensitivity,
@@ -200,6 +294,13 @@ class MetaPrivacyReport(acc.PrivacyReport):
                 for r in self.releases
             ],
         }
+
+
+    def __str__(self) -> str:
+        lines = [super().__str__(), f"  native relation: {self.neighboring}"]
+        for rel, eps in self.epsilon_by_relation().items():
+            lines.append(f"  epsilon under {RELATION_TEXT[rel]}: " + ("not defined" if eps is None else f"{eps:.4f}"))
+        return "\n".join(lines)
 
 
 def new_report(delta: float, relation: str) -> MetaPrivacyReport:

@@ -4,6 +4,10 @@ Example:
   jdp seqrec --data amazon-games --data-path ../shared/datasets/amazon-games/Video.txt \\
       --model dpformer --epsilon 8 --epochs 100 --batch-size 1024 --lr 3e-3 --out run.json
 `--epsilon 0` is not allowed; `--non-private` trains the explicitly non-private reference.
+Item vocabulary: `--vocabulary sasrec-exact` (default, the papers' protocol: exact item counts, stated
+in the report as an assumption NOT covered by ε), `public` (the `--item-catalogue` is the vocabulary) or
+`private` (DP histogram + threshold over the catalogue, accounted in the report). The catalogue is a
+MovieLens item file (u.item / movies.dat) or a .npy / text file of raw item ids.
 """
 from __future__ import annotations
 
@@ -45,6 +49,13 @@ def register(subparsers) -> None:
                    help="DPFormer item histogram noise / sqrt(maxlen+1)")
     p.add_argument("--public-item-counts", default=None,
                    help=".npy of per-item counts [M+1] the caller DECLARES public (no histogram release)")
+    p.add_argument("--vocabulary", default="sasrec-exact", choices=["sasrec-exact", "public", "private"],
+                   help="item vocabulary: exact counts (not private; stated in the report), a public "
+                        "catalogue, or a DP histogram + threshold over the catalogue")
+    p.add_argument("--item-catalogue", default=None, help="public raw item ids (MovieLens item file, .npy or text)")
+    p.add_argument("--min-item-count", type=float, default=5.0, help="item filter threshold (users per item)")
+    p.add_argument("--vocab-noise-multiplier", type=float, default=10.0,
+                   help="private vocabulary histogram noise / sqrt(maxlen+2)")
     p.add_argument("--mask-history", action="store_true", help="remove history items from the ranking")
     p.add_argument("--physical-batch", type=int, default=256)
     p.add_argument("--micro-batch", type=int, default=32)
@@ -67,7 +78,22 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("absl").setLevel(logging.ERROR)
     t0 = time.perf_counter()
     datasets_dir = pathlib.Path.cwd().parent / "shared" / "datasets"
-    d = data_mod.load(args.data, path=args.data_path, maxlen=args.maxlen, datasets_dir=datasets_dir)
+    catalogue = None
+    if args.item_catalogue:
+        cp = pathlib.Path(args.item_catalogue)
+        if cp.suffix == ".npy":
+            catalogue = np.load(cp)
+        elif cp.name in ("u.item", "movies.dat", "movies.csv") or cp.is_dir():
+            from jdp.data.movielens import load_movielens_items
+            catalogue = load_movielens_items(cp)
+        else:
+            catalogue = np.loadtxt(cp, dtype=np.int64, ndmin=1)
+    seed = noise_seed(args)
+    k_train = jax.random.key(seed)
+    k_vocab = jax.random.fold_in(k_train, 0x766F63)  # its own stream; training keeps key(seed)
+    d = data_mod.load(args.data, path=args.data_path, maxlen=args.maxlen, datasets_dir=datasets_dir,
+                      vocabulary=args.vocabulary, item_catalogue=catalogue, min_item_count=args.min_item_count,
+                      vocab_noise_multiplier=args.vocab_noise_multiplier, key=k_vocab, delta=args.delta)
     t_load = time.perf_counter() - t0
     amazon = args.data == "amazon-games"
     dropout = args.dropout if args.dropout is not None else (0.5 if amazon else 0.2)
@@ -81,14 +107,14 @@ def run(args: argparse.Namespace) -> int:
     public = None
     if args.public_item_counts:
         public = np.load(args.public_item_counts)
-    seed = noise_seed(args)
-    res = train(d, cfg, jax.random.key(seed), public_item_counts=public, checkpoint=args.checkpoint,
+    res = train(d, cfg, k_train, public_item_counts=public, checkpoint=args.checkpoint,
                 progress=not args.no_progress)
     out = {
         "data": args.data, "model": args.model, "epsilon": cfg.epsilon, "delta": cfg.delta, "seed": seed,
         "device": jax.devices()[0].device_kind, "n_users": d.n_users, "n_items": d.n_items, "maxlen": d.maxlen,
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(cfg).items()},
         "noise_multiplier": res.noise_multiplier, "steps": res.steps,
+        "vocabulary": args.vocabulary, "vocabulary_assumptions": list(d.vocab_assumptions),
         "item_counts": "public (caller-declared)" if public is not None else (
             "DP histogram" if res.item_counts_released is not None else None),
         "evaluation": {"ranking": "full (all items, padding excluded)", "history_masked": cfg.mask_history},

@@ -11,6 +11,19 @@ Readers:
 - `read_ratings(path)`: MovieLens rating files, `u.data` (tab separated: user item rating timestamp)
   or ML-1M `ratings.dat` (`user::item::rating::timestamp`); every rating is an implicit interaction,
   ordered by timestamp (ties keep file order). Optional SASRec-style one-pass filter on raw counts.
+
+Item vocabulary (which items exist and their ids) — chosen by `vocabulary`, recorded in the SeqData and
+carried into the training PrivacyReport:
+- "sasrec-exact" (default; the papers' protocol): items are those appearing in the data (read_ratings:
+  with >= min_item_count raw interactions), i.e. exact counts of every user's data. NOT private: the
+  report states the assumption that this vocabulary is treated as public (`EXACT_VOCAB_ASSUMPTION`).
+- "public": a caller-declared public `item_catalogue` (raw ids, e.g. MovieLens u.item / movies.dat via
+  `jdp.data.load_movielens_items`) is the vocabulary, in catalogue order, whatever the data contain;
+  interactions on other items are dropped row by row. No count of other users' data is used.
+- "private": the catalogue is only the candidate set; the items kept are those whose Gaussian-noised
+  user count (`private_vocabulary`) reaches min_item_count. Accounted as one release in the report.
+The per-user filter (min_user_count on a user's own number of ratings) depends on that user's data
+only, so under add/remove of a user it changes nothing about anyone else: it needs no accounting.
 """
 from __future__ import annotations
 
@@ -19,8 +32,13 @@ import pathlib
 
 import numpy as np
 
+from jdp import accounting
+
 AMAZON_MAXLEN = 50
 MOVIELENS_MAXLEN = 200
+VOCABULARIES = ("sasrec-exact", "public", "private")
+EXACT_VOCAB_ASSUMPTION = ("item vocabulary treated as public: built from exact item counts of all users' "
+                          "data (SASRec protocol), not covered by epsilon")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +56,10 @@ class SeqData:
     valid_target: np.ndarray
     test_input: np.ndarray
     test_target: np.ndarray
+    # where the vocabulary came from: releases of its private construction and assumptions it rests on,
+    # composed into the training report. Default: items 1..n_items as declared by the caller.
+    vocab_releases: tuple = ()
+    vocab_assumptions: tuple = ("item vocabulary (ids 1..n_items) declared public by the caller",)
 
     @property
     def n_users(self) -> int:
@@ -77,26 +99,126 @@ def _reindex(seqs: list[np.ndarray]) -> tuple[list[np.ndarray], int]:
     return out, int(uniq.size)
 
 
-def read_sasrec(path: str | pathlib.Path) -> tuple[list[np.ndarray], int]:
-    """Reads "user item" lines in time order -> (per-user item sequences, n_items); ids re-indexed 1..M."""
+def _catalogue_index(seqs: list[np.ndarray], catalogue: np.ndarray) -> list[np.ndarray]:
+    """Raw ids -> 1-based positions in `catalogue` (sorted unique); ids outside it are dropped."""
+    out = []
+    for s in seqs:
+        p = np.minimum(np.searchsorted(catalogue, s), catalogue.size - 1)
+        out.append((p[catalogue[p] == s] + 1).astype(np.int32))
+    return out
+
+
+def _check_catalogue(item_catalogue) -> np.ndarray:
+    if item_catalogue is None:
+        raise ValueError("item_catalogue (public raw item ids) is required for vocabulary 'public' / 'private'")
+    cat = np.asarray(item_catalogue)
+    if cat.ndim != 1 or cat.size == 0 or not np.issubdtype(cat.dtype, np.integer):
+        raise ValueError("item_catalogue must be a non-empty 1-d array of integer item ids")
+    if np.unique(cat).size != cat.size:
+        raise ValueError("item_catalogue must not contain duplicate ids")
+    return np.sort(cat.astype(np.int64))
+
+
+def private_vocabulary(seqs: list[np.ndarray], item_catalogue, min_item_count: float, max_items_per_user: int,
+                       noise_multiplier: float, key, report: accounting.PrivacyReport
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """(kept raw item ids, noisy counts [K]): catalogue items whose noisy number of users reaches the threshold.
+
+    Unit: a user (one sequence of raw ids); relation: add/remove a user. Each user counts each distinct
+    catalogue item once, and only its `max_items_per_user` most recent distinct ones (a choice made from
+    the user's own data), so one user changes at most that many counts by 1: L2 sensitivity
+    sqrt(max_items_per_user). The histogram is released with Gaussian noise of std
+    noise_multiplier·sqrt(max_items_per_user) by `reattention.private_item_counts` (recorded in `report`);
+    the threshold is post-processing. The catalogue (candidate set) is public.
+    """
+    from jdp.seqrec import reattention as ra  # jax-based; imported only for the private mode
+
+    cat = _check_catalogue(item_catalogue)
+    accounting.check_positive(min_item_count, "min_item_count", allow_zero=True)
+    if int(max_items_per_user) < 1:
+        raise ValueError(f"max_items_per_user must be >= 1, got {max_items_per_user}")
+    counts = np.zeros(cat.size + 1)  # index 0: padding slot expected by private_item_counts
+    for s in _catalogue_index(seqs, cat):  # one-off preprocessing
+        rev = s[::-1]
+        _, first = np.unique(rev, return_index=True)
+        recent = rev[np.sort(first)][:int(max_items_per_user)]  # most recent distinct items first
+        counts[recent] += 1.0
+    noisy = ra.private_item_counts(key, counts, int(max_items_per_user), noise_multiplier, report,
+                                   name="item vocabulary histogram (threshold min_item_count)")[1:]
+    return cat[noisy >= min_item_count], noisy
+
+
+def _vocab(seqs: list[np.ndarray], vocabulary: str, item_catalogue, min_item_count: float,
+           max_items_per_user: int | None, noise_multiplier: float, key,
+           report: accounting.PrivacyReport | None) -> tuple[list[np.ndarray], int]:
+    """Re-indexes raw-id sequences under a 'public' or 'private' vocabulary (see module doc)."""
+    if vocabulary == "public":
+        cat = _check_catalogue(item_catalogue)
+        if report is not None:
+            report.assume(f"item vocabulary: caller-declared public catalogue of {cat.size} items")
+        return _catalogue_index(seqs, cat), int(cat.size)
+    if report is None:
+        raise ValueError("report (a PrivacyReport) is required for vocabulary='private'")
+    if max_items_per_user is None:
+        raise ValueError("max_items_per_user is required for vocabulary='private'")
+    if key is None:
+        raise ValueError("key is required for vocabulary='private'")
+    kept, _ = private_vocabulary(seqs, item_catalogue, min_item_count, max_items_per_user, noise_multiplier,
+                                 key, report)
+    if kept.size == 0:
+        raise ValueError("the private vocabulary is empty: lower min_item_count or vocab_noise_multiplier")
+    report.assume(f"item catalogue of {np.unique(np.asarray(item_catalogue)).size} candidate items declared public")
+    return _catalogue_index(seqs, kept), int(kept.size)
+
+
+def _check_vocabulary(vocabulary: str) -> None:
+    if vocabulary not in VOCABULARIES:
+        raise ValueError(f"vocabulary must be one of {VOCABULARIES}, got {vocabulary!r}")
+
+
+def read_sasrec(path: str | pathlib.Path, *, vocabulary: str = "sasrec-exact", item_catalogue=None,
+                min_item_count: float = 5.0, max_items_per_user: int | None = None,
+                vocab_noise_multiplier: float = 10.0, key=None,
+                report: accounting.PrivacyReport | None = None) -> tuple[list[np.ndarray], int]:
+    """Reads "user item" lines in time order -> (per-user item sequences, n_items); ids re-indexed 1..M.
+
+    vocabulary: see the module doc ("sasrec-exact": the items present in the file, in order of first
+    appearance — the published files were already filtered by their authors with exact counts).
+    `report` receives the vocabulary's release / assumption.
+    """
+    _check_vocabulary(vocabulary)
     arr = _read_ints(path, 2)
     if (arr < 0).any():
         raise ValueError("data_path contains negative ids")
-    return _reindex(_group(arr[:, 0], arr[:, 1]))
+    seqs = _group(arr[:, 0], arr[:, 1])
+    if vocabulary == "sasrec-exact":
+        if report is not None:
+            report.assume(EXACT_VOCAB_ASSUMPTION)
+        return _reindex(seqs)
+    return _vocab(seqs, vocabulary, item_catalogue, min_item_count, max_items_per_user,
+                  vocab_noise_multiplier, key, report)
 
 
-def read_ratings(path: str | pathlib.Path, min_user_count: int = 5,
-                 min_item_count: int = 5) -> tuple[list[np.ndarray], int]:
+def read_ratings(path: str | pathlib.Path, min_user_count: int = 5, min_item_count: int = 5, *,
+                 vocabulary: str = "sasrec-exact", item_catalogue=None, max_items_per_user: int | None = None,
+                 vocab_noise_multiplier: float = 10.0, key=None,
+                 report: accounting.PrivacyReport | None = None) -> tuple[list[np.ndarray], int]:
     """Reads a MovieLens rating file (u.data or ratings.dat) -> chronological sequences, n_items.
 
-    Drops ratings of users / items with fewer than the given raw counts (one pass, as SASRec did),
-    sorts each user's items by timestamp (stable), re-indexes items 1..M.
+    Drops users with fewer than min_user_count raw ratings (their own data only) and sorts each user's
+    items by timestamp (stable). vocabulary="sasrec-exact" (SASRec's one-pass filter, NOT private) also
+    drops items with fewer than min_item_count raw ratings and re-indexes the rest 1..M by first
+    appearance; "public" / "private" build the vocabulary from `item_catalogue` instead (module doc;
+    the private threshold counts distinct users per item). `report` receives the release / assumption.
     """
+    _check_vocabulary(vocabulary)
     arr = _read_ints(path, 4)
     users, items, ts = arr[:, 0], arr[:, 1], arr[:, 3]
     uc = np.unique(users, return_counts=True)
-    ic = np.unique(items, return_counts=True)
-    keep = (np.isin(users, uc[0][uc[1] >= min_user_count]) & np.isin(items, ic[0][ic[1] >= min_item_count]))
+    keep = np.isin(users, uc[0][uc[1] >= min_user_count])
+    if vocabulary == "sasrec-exact":
+        ic = np.unique(items, return_counts=True)
+        keep &= np.isin(items, ic[0][ic[1] >= min_item_count])
     if not keep.any():
         raise ValueError("no interactions left after filtering (min_user_count / min_item_count)")
     users, items, ts = users[keep], items[keep], ts[keep]
@@ -107,7 +229,12 @@ def read_ratings(path: str | pathlib.Path, min_user_count: int = 5,
     # Users in order of first appearance in the file.
     uniq, first = np.unique(arr[keep][:, 0], return_index=True)
     seqs = [seqs[i] for i in np.argsort(first, kind="stable")]
-    return _reindex(seqs)
+    if vocabulary == "sasrec-exact":
+        if report is not None:
+            report.assume(EXACT_VOCAB_ASSUMPTION)
+        return _reindex(seqs)
+    return _vocab(seqs, vocabulary, item_catalogue, min_item_count, max_items_per_user,
+                  vocab_noise_multiplier, key, report)
 
 
 def pad_left(seqs: list[np.ndarray], maxlen: int) -> np.ndarray:
@@ -151,26 +278,37 @@ def leave_last_out(seqs: list[np.ndarray], n_items: int, maxlen: int) -> SeqData
 
 
 def load(name: str, path: str | pathlib.Path | None = None, maxlen: int | None = None,
-         datasets_dir: str | pathlib.Path | None = None) -> SeqData:
+         datasets_dir: str | pathlib.Path | None = None, *, vocabulary: str = "sasrec-exact",
+         item_catalogue=None, min_item_count: float = 5.0, vocab_noise_multiplier: float = 10.0,
+         key=None, delta: float = 1e-5) -> SeqData:
     """Loads 'amazon-games' (SASRec file), 'ml-100k' (u.data) or 'ml-1m' (ratings.dat) and splits it.
 
     `path` overrides the file; otherwise `datasets_dir/<name>/<file>` is used. maxlen defaults to 50
-    for Amazon and 200 for MovieLens.
+    for Amazon and 200 for MovieLens. vocabulary / item_catalogue / min_item_count: see the module doc;
+    "private" bounds each user's contribution to its maxlen + 2 most recent distinct items (the most
+    a user's train/valid/test windows can hold) and needs `key`. The vocabulary's release or assumption
+    is kept in the SeqData and composed into the training report (`delta` only sizes the ledger here).
     """
     files = {"amazon-games": "Video.txt", "ml-100k": "u.data", "ml-1m": "ratings.dat"}
     if name not in files:
         raise ValueError(f"data must be one of {sorted(files)}, got {name!r}")
+    _check_vocabulary(vocabulary)
     if path is None:
         if datasets_dir is None:
             raise ValueError("give data_path (or datasets_dir)")
         path = pathlib.Path(datasets_dir) / name / files[name]
+    maxlen = (AMAZON_MAXLEN if name == "amazon-games" else MOVIELENS_MAXLEN) if maxlen is None else maxlen
+    if maxlen < 1:
+        raise ValueError(f"maxlen must be >= 1, got {maxlen}")
+    ledger = accounting.PrivacyReport(delta, unit="user", relation="add/remove one user's sequence")
+    opts = dict(vocabulary=vocabulary, item_catalogue=item_catalogue, max_items_per_user=maxlen + 2,
+                vocab_noise_multiplier=vocab_noise_multiplier, key=key, report=ledger)
     if name == "amazon-games":
-        seqs, n_items = read_sasrec(path)
-        maxlen = AMAZON_MAXLEN if maxlen is None else maxlen
+        seqs, n_items = read_sasrec(path, min_item_count=min_item_count, **opts)
     else:
-        seqs, n_items = read_ratings(path)
-        maxlen = MOVIELENS_MAXLEN if maxlen is None else maxlen
-    return leave_last_out(seqs, n_items, maxlen)
+        seqs, n_items = read_ratings(path, min_item_count=min_item_count, **opts)
+    return dataclasses.replace(leave_last_out(seqs, n_items, maxlen), vocab_releases=tuple(ledger.releases),
+                               vocab_assumptions=tuple(ledger.assumptions))
 
 
 def item_presence(inputs: np.ndarray, targets: np.ndarray, n_items: int) -> np.ndarray:
@@ -189,5 +327,5 @@ def item_presence(inputs: np.ndarray, targets: np.ndarray, n_items: int) -> np.n
     return counts
 
 
-__all__ = ["AMAZON_MAXLEN", "MOVIELENS_MAXLEN", "SeqData", "item_presence", "leave_last_out", "load",
-           "pad_left", "read_ratings", "read_sasrec"]
+__all__ = ["AMAZON_MAXLEN", "EXACT_VOCAB_ASSUMPTION", "MOVIELENS_MAXLEN", "VOCABULARIES", "SeqData", "item_presence", "leave_last_out", "load",
+           "pad_left", "private_vocabulary", "read_ratings", "read_sasrec"]

@@ -109,7 +109,9 @@ def dp_sgd_event(noise_multiplier: float, sampling_rate: float, steps: int) -> d
 def privacy_setup(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: np.ndarray | None = None
                   ) -> tuple[accounting.PrivacyReport | None, float, np.ndarray | None]:
     """(report, noise multiplier σ, item counts for Re-Attention) for a run of cfg; (None, 0, None)
-    when non-private. DPFormer: caller-declared public counts, else a Gaussian histogram release."""
+    when non-private. DPFormer: caller-declared public counts, else a Gaussian histogram release. The
+    data's vocabulary release (vocabulary='private') is composed into the same report and σ is
+    calibrated for the total; its assumptions (public / exact vocabulary) are stated in the report."""
     cfg.validate()
     if cfg.epsilon is None:
         return None, 0.0, None
@@ -117,12 +119,17 @@ def privacy_setup(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_c
     q = cfg.batch_size / N
     steps = max(1, int(math.ceil(cfg.epochs * N / cfg.batch_size)))
     report = accounting.PrivacyReport(cfg.delta, unit="user", relation="add/remove one user's sequence")
+    # the vocabulary's own release (private mode) or the assumption it rests on (public / exact)
+    report.releases.extend(data.vocab_releases)
+    for text in data.vocab_assumptions:
+        report.assume(text)
     counts_rel = None
     if cfg.model == "dpformer":
         if public_item_counts is not None:
             counts_rel = np.asarray(public_item_counts, np.float64)
             if counts_rel.shape != (M + 1,) or not np.isfinite(counts_rel).all():
                 raise ValueError(f"public_item_counts must be a finite array of shape ({M + 1},)")
+            report.assume("Re-Attention item counts (public_item_counts) declared public by the caller")
         else:
             counts_rel = ra.private_item_counts(key, item_presence(data.train_input, data.train_target, M),
                                                 L + 1, cfg.hist_noise_multiplier, report)

@@ -1,0 +1,110 @@
+"""Meta-learning privacy (audit item 8): every method's ε stated under add/remove AND replace-one."""
+import functools
+import pathlib
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+from dp_accounting import dp_event as dpe
+from dp_accounting import NeighboringRelation as Rel
+from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.rdp import rdp_privacy_accountant
+
+from jdp import accounting
+from jdp import meta as M
+from jdp.meta import privacy
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+KEY = jax.random.PRNGKey(0)
+DIM, K, B, T, C, DELTA = 4, 60, 6, 4, 1.5, 1e-5
+TASKS = M.single_cluster_regression(KEY, K, n_points=6, dim=DIM, mean=3.0)[0]
+RIDGE = M.RidgeLearner(lam=0.8)
+Z = 3.0  # noise multiplier under each method's native relation (explicit: no calibration, fast)
+
+
+def _rdp(event, relation, orders=accounting.DEFAULT_RDP_ORDERS):
+    a = rdp_privacy_accountant.RdpAccountant(list(orders), relation)
+    a.compose(event)
+    return a.get_epsilon(DELTA)
+
+
+@functools.lru_cache(maxsize=None)  # meta-NSGD and clustering share the Poisson events
+def _pld(event, relation, interval=1e-4):
+    a = pld_privacy_accountant.PLDAccountant(relation, value_discretization_interval=interval)
+    a.compose(event)
+    return a.get_epsilon(DELTA)
+
+
+def _run(index):
+    common = dict(epsilon=None, noise_multiplier=Z, delta=DELTA, steps=T, batch_size=B, meta_lr=0.5, clip=C)
+    h0 = jnp.zeros(DIM)
+    if index == 0:
+        return "meta-NSGD poisson", "poisson", M.meta_nsgd(KEY, TASKS, RIDGE, h0, sampling="poisson", **common)
+    if index == 1:
+        return "meta-NSGD fixed", "fixed", M.meta_nsgd(KEY, TASKS, RIDGE, h0, sampling="fixed", **common)
+    if index == 2:
+        return "clustering poisson", "poisson", M.private_clustering_meta(KEY, TASKS, RIDGE, 2, template=h0, **common)
+    return "DP-FTMRL", "tree", M.dp_ftmrl(KEY, TASKS, RIDGE, h0, epsilon=None, noise_multiplier=Z, delta=DELTA,
+                                          meta_lr=0.5, clip=C, batch_size=B)
+
+
+@pytest.mark.parametrize("index", range(4))
+def test_report_epsilon_under_both_relations_matches_dp_accounting(index):
+    """Audit item 8: each meta method's report gives ε under add/remove one task (sensitivity C) and under
+    replace one task (sensitivity 2C); both equal an independent dp_accounting computation from the run's
+    noise std, and the one under the run's native relation equals the report's ε."""
+    name, mech, res = _run(index)
+    std = res.noise_std
+    by = res.report.epsilon_by_relation()
+    if mech == "poisson":
+        add = _rdp(dpe.SelfComposedDpEvent(dpe.PoissonSampledDpEvent(B / K, dpe.GaussianDpEvent(std / C)), T),
+                   Rel.ADD_OR_REMOVE_ONE)
+        # dp_accounting's REPLACE_ONE pair is shifted by ±sensitivity: sensitivity C puts the outputs 2C apart
+        rep = _pld(dpe.SelfComposedDpEvent(dpe.PoissonSampledDpEvent(B / K, dpe.GaussianDpEvent(std / C)), T),
+                   Rel.REPLACE_ONE)
+        # cross-check that convention: without sampling it is the Gaussian at twice the sensitivity
+        assert _pld(dpe.GaussianDpEvent(std / C), Rel.REPLACE_ONE) == pytest.approx(
+            _pld(dpe.GaussianDpEvent(std / (2 * C)), Rel.ADD_OR_REMOVE_ONE), rel=1e-6)
+        native = add
+    elif mech == "fixed":
+        add = None  # m of K without replacement needs K fixed: add/remove is not defined
+        rep = _rdp(dpe.SelfComposedDpEvent(dpe.SampledWithoutReplacementDpEvent(K, B, dpe.GaussianDpEvent(
+            std / (2 * C))), T), Rel.REPLACE_ONE, privacy.REPLACE_ONE_ORDERS)
+        native = rep
+    else:
+        steps = -(-K // B)
+        add = _rdp(dpe.SingleEpochTreeAggregationDpEvent(std / C, steps), Rel.REPLACE_SPECIAL)
+        rep = _rdp(dpe.SingleEpochTreeAggregationDpEvent(std / (2 * C), steps), Rel.REPLACE_SPECIAL)
+        native = add
+    assert native == pytest.approx(res.report.epsilon(), rel=1e-6), name
+    if add is None:
+        assert by[privacy.ADD_REMOVE] is None
+    else:
+        assert by[privacy.ADD_REMOVE] == pytest.approx(add, rel=2e-2), name
+    assert by[privacy.REPLACE_ONE] == pytest.approx(rep, rel=2e-2), name
+    if mech == "tree":  # the same noise protects a replacement (2C) less than an addition (C)
+        assert by[privacy.REPLACE_ONE] > 1.5 * by[privacy.ADD_REMOVE], name
+    if mech == "poisson":  # same comparison within one accountant (PLD); the RDP cell is looser
+        add_pld = _pld(dpe.SelfComposedDpEvent(dpe.PoissonSampledDpEvent(B / K, dpe.GaussianDpEvent(std / C)), T),
+                       Rel.ADD_OR_REMOVE_ONE, 1e-3)
+        assert rep > 1.15 * add_pld and add_pld <= add, name
+        assert res.report.to_dict()["epsilon_by_relation_accountant"] == {privacy.ADD_REMOVE: "rdp",
+                                                                           privacy.REPLACE_ONE: "pld"}
+    d = res.report.to_dict()
+    assert d["epsilon_by_relation"] == by and d["neighbouring_relation"] and d["dp_accounting_relation"]
+    assert "replace one task" in str(res.report)
+
+
+def test_tables_name_the_relation_of_every_epsilon():
+    """Audit item 8: the meta benchmark section, the README's meta section and docs/meta.md label each ε
+    column with its neighbouring relation, with both add/remove and replace-one shown."""
+    texts = {p: (ROOT / p).read_text() for p in ("benchmarks/sections/meta.md", "docs/meta.md")}
+    readme = (ROOT / "benchmarks/README.md").read_text()
+    texts["benchmarks/README.md"] = readme[readme.index("## Task-level DP meta-learning"):]
+    for path, text in texts.items():
+        headers = [ln for ln in text.splitlines() if ln.startswith("|") and re.search(r"\| ε", ln)]
+        assert headers, path
+        for h in headers:
+            assert re.search(r"ε[^|]*(add/remove|replace)", h), (path, h)
+        assert any("add/remove" in h for h in headers) and any("replace-one" in h for h in headers), path

@@ -1,0 +1,106 @@
+"""Seq-rec preprocessing privacy (audit item 7): the item vocabulary is public, private or named exact."""
+import math
+
+import jax
+import numpy as np
+import pytest
+from scipy import stats
+
+from jdp import accounting
+from jdp.seqrec import data, train
+
+ROWS = [(1, 10, 5, 1), (1, 11, 4, 2), (1, 12, 3, 3), (2, 11, 5, 1), (2, 10, 4, 2), (2, 13, 1, 3),
+        (3, 10, 2, 1), (3, 12, 3, 2), (3, 11, 4, 3)]
+
+
+def _write(path, rows):
+    path.write_text("".join(f"{u}::{i}::{r}::{t}\n" for u, i, r, t in rows))
+    return path
+
+
+def test_public_vocabulary_unchanged_by_one_added_user(tmp_path):
+    """Audit item 7: with a public catalogue, adding a user whose items appear nowhere else (one in the
+    catalogue, one outside it) changes neither the vocabulary nor anyone else's item ids; the exact
+    SASRec vocabulary does change, which is why it is named and stated as an assumption."""
+    cat = np.array([10, 11, 12, 13, 14, 15])
+    base = _write(tmp_path / "a.dat", ROWS)
+    more = _write(tmp_path / "b.dat", ROWS + [(9, 15, 5, 1), (9, 99, 5, 2), (9, 14, 5, 3)])
+    rep_a = accounting.PrivacyReport(1e-5)
+    seqs_a, n_a = data.read_ratings(base, 1, 1, vocabulary="public", item_catalogue=cat, report=rep_a)
+    seqs_b, n_b = data.read_ratings(more, 1, 1, vocabulary="public", item_catalogue=cat)
+    assert n_a == n_b == 6
+    for s, t in zip(seqs_a, seqs_b[:3]):
+        np.testing.assert_array_equal(s, t)
+    np.testing.assert_array_equal(seqs_b[3], [6, 5])  # catalogue order; item 99 (not in it) dropped
+    assert not rep_a.releases and any("public catalogue of 6 items" in a for a in rep_a.assumptions)
+    # exact counts: the added user's items enter the vocabulary (and it is said so in the report)
+    rep_x = accounting.PrivacyReport(1e-5)
+    n_x = data.read_ratings(base, 1, 1, report=rep_x)[1]
+    assert n_x == 4 and data.read_ratings(more, 1, 1)[1] == 7
+    assert rep_x.assumptions == [data.EXACT_VOCAB_ASSUMPTION]
+    with pytest.raises(ValueError, match="item_catalogue"):
+        data.read_ratings(base, 1, 1, vocabulary="public")
+    with pytest.raises(ValueError, match="vocabulary"):
+        data.read_ratings(base, 1, 1, vocabulary="exact")
+
+
+def test_private_vocabulary_sensitivity_and_noise_scale():
+    """Audit item 7: the private vocabulary is a Gaussian histogram of distinct items per user, each user
+    capped at L items (L2 sensitivity sqrt(L), recorded in the report); one user moves the released
+    counts by a 0/1 vector of at most L ones, and the noise std matches the recorded scale."""
+    rng = np.random.default_rng(0)
+    K, L, z = 3000, 4, 2.0
+    cat = np.arange(100, 100 + K)
+    seqs = [rng.choice(cat[:50], size=rng.integers(1, 12)) for _ in range(200)]
+    heavy = np.repeat(cat[2000:2010], 3)  # 10 distinct items appearing nowhere else, each 3 times
+    key = jax.random.key(3)
+    rep = accounting.PrivacyReport(1e-5)
+    kept, noisy = data.private_vocabulary(seqs, cat, 5.0, L, z, key, rep)
+    kept2, noisy2 = data.private_vocabulary(seqs + [heavy], cat, 5.0, L, z, key, accounting.PrivacyReport(1e-5))
+    diff = noisy2 - noisy  # same noise: the difference is the added user's own contribution
+    np.testing.assert_allclose(diff, np.round(diff), atol=1e-9)
+    assert set(np.round(diff)) <= {0.0, 1.0} and np.round(diff).sum() == L
+    assert np.flatnonzero(np.round(diff)).min() >= 2000  # its L most recent distinct items
+    (r,) = rep.releases
+    assert r.sensitivity == pytest.approx(math.sqrt(L)) and r.noise_scale == pytest.approx(z * math.sqrt(L))
+    assert r.event.noise_multiplier == pytest.approx(z)
+    exact = np.zeros(K)
+    for s in seqs:
+        np.add.at(exact, np.unique(s) - 100, 1.0)  # these users have <= 11 distinct items: cap L=4 binds
+    resid = noisy - exact
+    untouched = exact == 0  # items nobody has: pure noise
+    x = resid[untouched]
+    chi2 = float((x ** 2).sum() / r.noise_scale ** 2)
+    lo, hi = stats.chi2.ppf([1e-4, 1 - 1e-4], x.size)
+    assert lo < chi2 < hi and abs(x.mean()) < 5 * r.noise_scale / math.sqrt(x.size)
+    np.testing.assert_array_equal(kept, cat[noisy >= 5.0])
+
+
+def test_private_vocabulary_release_in_training_report(tmp_path):
+    """Audit item 7: load(..., vocabulary='private') carries its histogram release into the training report,
+    whose σ is calibrated for the total; the exact default states its assumption; public Re-Attention
+    counts are stated as declared public."""
+    rng = np.random.default_rng(1)
+    rows = []
+    for u in range(1, 61):
+        for t, i in enumerate(rng.choice(np.arange(1, 21), size=8, replace=False)):
+            rows.append((u, int(i), 4, t))
+    f = _write(tmp_path / "ratings.dat", rows)
+    cat = np.arange(1, 31)
+    d = data.load("ml-1m", path=f, maxlen=5, vocabulary="private", item_catalogue=cat, min_item_count=5,
+                  vocab_noise_multiplier=3.0, key=jax.random.key(0))
+    assert d.n_items <= 30 and len(d.vocab_releases) == 1
+    assert d.vocab_releases[0].sensitivity == pytest.approx(math.sqrt(7))  # maxlen + 2 items per user
+    cfg = train.TrainConfig(model="dpformer", epsilon=3.0, batch_size=16, epochs=2.0)
+    rep, sigma, _ = train.privacy_setup(d, cfg, jax.random.key(1))
+    names = [r.name for r in rep.releases]
+    assert names[0].startswith("item vocabulary histogram") and len(names) == 3
+    assert rep.epsilon() == pytest.approx(3.0, abs=1e-3)
+    without = [r for r in rep.releases if not r.name.startswith("item vocabulary")]
+    assert accounting.compute_epsilon(accounting.PrivacyReport(1e-5, releases=without).event(), 1e-5) < 2.99
+    assert any("candidate items declared public" in a for a in rep.assumptions)
+    d_exact = data.load("ml-1m", path=f, maxlen=5)
+    rep_x, _, _ = train.privacy_setup(d_exact, cfg, jax.random.key(1), public_item_counts=np.ones(d_exact.n_items + 1))
+    assert data.EXACT_VOCAB_ASSUMPTION in rep_x.assumptions
+    assert any("Re-Attention item counts" in a for a in rep_x.assumptions)
+    assert data.EXACT_VOCAB_ASSUMPTION in rep_x.to_dict()["assumptions"]
