@@ -185,13 +185,15 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
         batch = {"input": inp, "target": tgt, "key": keys}
         if not private:
             loss, g = jax.value_and_grad(lambda p: jnp.sum(loss_fn(p, batch) * mask))(params)
-            return jax.tree_util.tree_map(jnp.add, acc, g), loss
+            return jax.tree_util.tree_map(jnp.add, acc, g), loss, jnp.int32(0)
         if engine is fallback_clipped_grad:
             res = engine(loss_fn, params, batch, l2_clip=cfg.l2_clip, mask=mask, micro_batch=cfg.micro_batch,
                          normalize=cfg.normalize)
         else:
             res = engine(loss_fn, params, batch, l2_clip=cfg.l2_clip, mask=mask, normalize=cfg.normalize)
-        return jax.tree_util.tree_map(jnp.add, acc, res.grad_sum), jnp.sum(res.loss * mask)
+        # `where`, not `* mask`: a padding row's NaN loss must not reach the diagnostic sum
+        loss = jnp.sum(jnp.where(mask > 0, res.loss, 0.0))
+        return jax.tree_util.tree_map(jnp.add, acc, res.grad_sum), loss, jnp.asarray(res.num_nonfinite, jnp.int32)
 
     @jax.jit
     def update(params, opt_state, acc, k):
@@ -223,7 +225,7 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
         t0 = time.perf_counter()
         ks, kn, kd = jax.random.split(jax.random.fold_in(k_train, step), 3)
         idx = np.flatnonzero(np.asarray(jax.random.bernoulli(ks, q, (N,))))
-        acc, loss_sum, c = zero, 0.0, 0
+        acc, loss_sum, c, nonfinite = zero, 0.0, 0, 0
         for bi, Lb in enumerate(buckets):  # every sampled user is processed exactly once
             sel = idx[bucket_id[idx] == bi]
             for s0 in range(0, sel.size, P):
@@ -231,10 +233,14 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
                 part_p = np.concatenate([part, np.zeros(P - part.size, np.int64)])
                 m = (np.arange(P) < part.size).astype(np.float32)
                 keys = jax.random.split(jax.random.fold_in(kd, c), P)
-                acc, ls = accumulate(params, acc, jnp.asarray(data.train_input[part_p, L - Lb:]),
-                                     jnp.asarray(data.train_target[part_p, L - Lb:]), keys, jnp.asarray(m))
+                acc, ls, bad = accumulate(params, acc, jnp.asarray(data.train_input[part_p, L - Lb:]),
+                                          jnp.asarray(data.train_target[part_p, L - Lb:]), keys, jnp.asarray(m))
                 loss_sum += ls
+                nonfinite += bad
                 c += 1
+        if int(nonfinite):  # such users were dropped (the bound holds), but training has diverged
+            raise FloatingPointError(f"step {step}: {int(nonfinite)} sampled users had a non-finite loss or "
+                                     "gradient (lower the learning rate or check the data)")
         params, opt_state = update(params, opt_state, acc, kn)
         loss = float(loss_sum) / max(idx.size, 1)
         t_train += time.perf_counter() - t0
