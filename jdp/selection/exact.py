@@ -60,7 +60,7 @@ def _rows(q: np.ndarray, b: np.ndarray, fn: Callable) -> np.ndarray:
     """Applies fn(q [R, k], b [R, k]) -> [R, k] in chunks of rows (memory ~ nodes × k per row)."""
     lead, k = q.shape[:-1], q.shape[-1]
     qf, bf = q.reshape(-1, k), b.reshape(-1, k)
-    per_row = 40 * k * k + 1
+    per_row = 16 * 48 * k * k  # ≤ 48 breakpoints per candidate × 16 nodes, times k candidates
     chunk = max(1, _MAX_ELEMENTS // per_row)
     out = [fn(qf[i:i + chunk], bf[i:i + chunk]) for i in range(0, qf.shape[0], chunk)]
     return np.concatenate(out, 0).reshape(*lead, k) if out else np.zeros(q.shape)
