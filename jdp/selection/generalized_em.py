@@ -19,7 +19,7 @@ The min over b only needs b on the upper convex hull of the points (Δ_b, q_b �
 Pareto frontier of (q_b − tΔ_b high, Δ_b low) (valid for every t; a frontier on (q, −Δ) is wrong for
 t < 0). `frontier_size=m` walks at most m hull vertices in O(k·m) (a loop that stops once every row's
 chain has ended) and falls back to the dense O(k²) formula when a chain is longer, so results are exact
-(up to float32 rounding).
+(up to the rounding of the dtype: float64 in `select`).
 """
 from __future__ import annotations
 

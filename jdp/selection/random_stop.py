@@ -77,7 +77,7 @@ def random_stopping(key: jax.Array, scores: jax.Array, sensitivities: jax.Array,
     def body(state):
         done, key, best_v, best_i = state
         key, kc, kn = jax.random.split(key, 3)
-        cand = jax.random.randint(kc, (block,), 0, k)
+        cand = jax.random.randint(kc, (block,), 0, k, dtype=jnp.int32)
         vals = scores[cand] + scale[cand] * jax.random.laplace(kn, (block,), scores.dtype)
         vals = jnp.where(done + jnp.arange(block) < n_draws, vals, -jnp.inf)
         j = jnp.argmax(vals)
@@ -113,7 +113,7 @@ def random_stopping_batch(key: jax.Array, scores: jax.Array, sensitivities: jax.
         key, kc, kn = jax.random.split(key, 3)
         pos = off + jnp.arange(chunk, dtype=jnp.int32)
         row = jnp.minimum(jnp.searchsorted(ends, pos, side="right"), n_rows - 1).astype(jnp.int32)
-        cand = jax.random.randint(kc, (chunk,), 0, k)
+        cand = jax.random.randint(kc, (chunk,), 0, k, dtype=jnp.int32)
         flat = row * k + cand
         vals = flat_q[flat] + flat_s[flat] * jax.random.laplace(kn, (chunk,), scores.dtype)
         vals = jnp.where(pos < total, vals, -jnp.inf)
@@ -183,7 +183,7 @@ def random_stopping_poissonized(key: jax.Array, scores: jax.Array, sensitivities
         rate = (jax.random.exponential(k_lam, rows) * ((1.0 - gamma) / gamma / k))[..., None]
     else:
         rate = _rate_after_first_arrival(k_lam, rows, eta, gamma)[..., None] / k
-    a0 = jax.random.randint(k_a0, rows, 0, k)
+    a0 = jax.random.randint(k_a0, rows, 0, k, dtype=jnp.int32)
     q0 = jnp.take_along_axis(q, a0[..., None], -1)[..., 0]
     s0 = jnp.take_along_axis(scale, a0[..., None], -1)[..., 0]
     v0 = q0 + s0 * jax.random.laplace(k_lap, rows, q.dtype)

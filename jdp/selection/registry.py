@@ -7,6 +7,19 @@ DP and can only be reached under its explicit name "rnmh-nonprivate" (never a de
     p = probabilities("gem", scores, sensitivities, epsilon)                     # float64 [B, k]
     event = PRIVATE_MECHANISMS["gem"].dp_event(epsilon)                          # dp_accounting
 
+Numerics (offset invariance, exactness): every mechanism's output law depends on the scores only
+through their differences within a row (noisy max, EM, PF and RS_γ compare q_a + noise across a row;
+kRR uses the argmax; GEM's s_a uses q_a − q_b; combined GEM's Spearman bit uses ranks), so subtracting
+each row's maximum leaves every law unchanged. `select` converts scores and sensitivities to float64
+(exact for float32/float64 input, numpy or jax), subtracts each row's maximum in float64 before
+anything else, and runs every sampler in float64 (`jax.enable_x64` inside the call): the realised
+output law equals the exact one up to float64 rounding (absolute error ~k·2⁻⁵² per candidate, where
+float32 samplers had ~2⁻²³). Rows whose range is too large for float64 relative to the sensitivities
+are rejected (`check_range`). `probabilities` applies the same shift and check on the host.
+`select` needs concrete arrays; inside your own `jax.jit` call the per-problem function
+`get_mechanism(name).sample`, which computes in the dtype it is given (float64 under
+`jax.enable_x64` for the same exactness) and subtracts each row's maximum first.
+
 Privacy of `select` on a batch: each row is one selection at ε. When row i only reads the data of
 privacy unit i (e.g. one recommendation per user from that user's scores), rows compose in parallel
 and the batch is ε-DP per unit; otherwise the caller composes B events (`privacy_report(count=B)`).
@@ -24,7 +37,7 @@ from dp_accounting import dp_event as dpe
 
 from jdp.accounting import PrivacyReport, check_epsilon, pure_dp_event
 from jdp.selection import baselines, correlation, rnm
-from jdp.selection._checks import check_open_unit, check_scores, check_shapes
+from jdp.selection._checks import check_open_unit, check_scores, check_shapes, is_concrete
 
 from jdp.selection import generalized_em as gem_mod
 from jdp.selection import random_stop as rs_mod
@@ -44,6 +57,10 @@ class Mechanism:
     private: bool = True
     batch_native: bool = True
     description: str = ""
+    # what the float64 rounding of the shifted scores is compared with (see `check_range`): "max" for the
+    # homogeneous mechanisms (calibrated to Δ = max Δ_a), "min" for the per-candidate ones (GEM family,
+    # RS_γ), None where any function of the scores is private (kRR, uniform) or nothing is promised (RNMH)
+    resolution: str | None = "max"
 
     def check_params(self, params: dict) -> dict:
         unknown = set(params) - set(self.params)
@@ -84,10 +101,65 @@ class Mechanism:
         return pure_dp_event(epsilon)
 
     def probabilities(self, scores, sensitivities, epsilon, **params) -> np.ndarray:
-        """Exact output probabilities [..., k] (float64)."""
+        """Exact output probabilities [..., k] (float64) of `select`: like `select`, each row's maximum
+        is subtracted in float64 first (the laws depend on score differences only) and rows whose
+        range float64 cannot resolve are rejected."""
         check_scores(scores, sensitivities)
         epsilon = check_epsilon(epsilon)
-        return self.exact_probabilities(scores, sensitivities, epsilon, **self.check_params(params))
+        params = self.check_params(params)
+        q = np.asarray(scores, np.float64)
+        q = q - q.max(-1, keepdims=True)
+        d = np.asarray(sensitivities, np.float64)
+        check_range(self, q, d, epsilon, params)
+        return self.exact_probabilities(q, d, epsilon, **params)
+
+
+# Rounding the shifted scores (and, for GEM, q_a − tΔ_a) to float64 perturbs each by η ≤ 2·u·M (u = 2⁻⁵³,
+# M = the largest magnitude rounded). A deterministic perturbation of size η turns a sensitivity Δ into
+# Δ + 2η, so the realised privacy loss is at most ε·(1 + 2η/Δ); `check_range` demands 2η/Δ ≤ 2⁻¹², i.e.
+# M ≤ 2³⁸·Δ (Δ = max Δ_a or min Δ_a, see `Mechanism.resolution`). Beyond that a ValueError is raised.
+_UNIT_ROUNDOFF = 2.0 ** -53
+_LOSS_SLACK = 2.0 ** -12
+
+
+def _gem_shift_magnitude(mech: Mechanism, k: int, epsilon: float, params: dict) -> float:
+    """|t| of the GEM family (0 for the other mechanisms): q_a − tΔ_a is rounded at the scale |t|·max Δ."""
+    if mech.name not in ("gem", "mgem", "combined-gem"):
+        return 0.0
+    if params.get("shift") is not None:
+        return abs(float(params["shift"]))
+    eps = epsilon * (1.0 - params.get("split", 0.5)) if mech.name == "combined-gem" else epsilon
+    return abs(gem_mod.default_shift(k, eps, params.get("beta", 0.5)))
+
+
+def range_violations(mech: Mechanism, shifted, sensitivities, epsilon: float, params: dict):
+    """Boolean [...] per row: True where float64 cannot represent the row's range finely enough
+    (`_UNIT_ROUNDOFF`·magnitude > `_LOSS_SLACK`/4 · Δ). `shifted`: scores minus their row maximum
+    (numpy or jax arrays; jax inside `select`'s float64 pass)."""
+    xp = np if isinstance(shifted, np.ndarray) else jnp
+    d = xp.broadcast_to(sensitivities, shifted.shape)
+    ref = xp.max(d, axis=-1) if mech.resolution == "max" else xp.min(d, axis=-1)
+    t = _gem_shift_magnitude(mech, shifted.shape[-1], epsilon, params)
+    magnitude = -xp.min(shifted, axis=-1) + t * xp.max(d, axis=-1)
+    return 4.0 * _UNIT_ROUNDOFF * magnitude > _LOSS_SLACK * ref
+
+
+def check_range(mech: Mechanism, shifted, sensitivities, epsilon: float, params: dict) -> None:
+    """ValueError naming `scores` when some row's range cannot be resolved (see `range_violations`)."""
+    if mech.resolution is None:
+        return
+    bad = np.asarray(range_violations(mech, np.asarray(shifted, np.float64), np.asarray(sensitivities, np.float64),
+                                      epsilon, params))
+    if bad.any():
+        row = np.unravel_index(int(np.argmax(bad)), bad.shape) if bad.ndim else ()
+        q = np.asarray(shifted, np.float64)[row]
+        d = np.broadcast_to(np.asarray(sensitivities, np.float64), np.shape(shifted))[row]
+        ref = d.max() if mech.resolution == "max" else d.min()
+        raise ValueError(
+            f"scores: row {tuple(int(i) for i in row)} spans a range of {-q.min():.6g} (plus |t|·max Δ for GEM), "
+            f"more than float64 resolves for its sensitivities ({mech.resolution} Δ = {ref:.6g}): rounding could "
+            f"move the privacy loss by more than {_LOSS_SLACK:.3g}·ε. Keep every row's range below "
+            f"{_LOSS_SLACK / (4 * _UNIT_ROUNDOFF):.3g}·Δ (clip scores to a data-independent range, or raise Δ)")
 
 
 def _m(name, sample, probs, params=(), **kw):
@@ -107,30 +179,30 @@ PRIVATE_MECHANISMS: dict[str, Mechanism] = {
              description="exponential mechanism exp(εq/(2Δ))"),
     "pf": _m("pf", rnm.permute_and_flip, rnm.permute_and_flip_probabilities, _MONO,
              description="permute-and-flip"),
-    "krr": _m("krr", baselines.krr, baselines.krr_probabilities,
+    "krr": _m("krr", baselines.krr, baselines.krr_probabilities, resolution=None,
               description="k-ary randomized response on the exact argmax"),
-    "uniform": _m("uniform", baselines.uniform, baselines.uniform_probabilities,
+    "uniform": _m("uniform", baselines.uniform, baselines.uniform_probabilities, resolution=None,
                   description="uniformly random candidate (0-DP reference)"),
     "rs-geometric": _m("rs-geometric", functools.partial(rs_mod.random_stopping, stopping="geometric"),
                        functools.partial(rs_mod.random_stopping_probabilities, stopping="geometric"),
-                       ("gamma", "block"), batch_native=False,
+                       ("gamma", "block"), batch_native=False, resolution="min",
                        description="random stopping, K ~ Geometric(γ), heterogeneous Laplace, ε' = ε/3"),
     "rs-tnb": _m("rs-tnb", functools.partial(rs_mod.random_stopping, stopping="tnb"),
                  functools.partial(rs_mod.random_stopping_probabilities, stopping="tnb"),
-                 ("gamma", "eta", "block"), batch_native=False,
+                 ("gamma", "eta", "block"), batch_native=False, resolution="min",
                  description="random stopping, K ~ TNB(η, γ), heterogeneous Laplace, ε' = ε/(2+η)"),
     "gem": _m("gem", gem_mod.gem, gem_mod.gem_probabilities, _GEM + ("frontier_size",), batch_native=False,
-              description="generalised exponential mechanism, t = 2 ln(k/β)/ε"),
+              resolution="min", description="generalised exponential mechanism, t = 2 ln(k/β)/ε"),
     "mgem": _m("mgem", gem_mod.mgem, gem_mod.mgem_probabilities, _GEM + ("frontier_size",), batch_native=False,
-               description="modified GEM, t = −2 ln(k/β)/ε"),
+               resolution="min", description="modified GEM, t = −2 ln(k/β)/ε"),
     "combined-gem": _m("combined-gem", gem_mod.combined_gem, gem_mod.combined_gem_probabilities,
-                       ("split", "beta", "base", "frontier_size"), batch_native=False,
+                       ("split", "beta", "base", "frontier_size"), batch_native=False, resolution="min",
                        description="RR(ε₁) on sign of Spearman(q, Δ) picks mGEM or GEM at ε₂"),
 }
 
 NONPRIVATE_REFERENCES: dict[str, Mechanism] = {
     "rnmh-nonprivate": _m("rnmh-nonprivate", baselines.rnmh_nonprivate, baselines.rnmh_nonprivate_probabilities,
-                          private=False, description="NOT DP: report-noisy-max with per-candidate noise 2Δ_a/ε"),
+                          private=False, resolution=None, description="NOT DP: report-noisy-max with per-candidate noise 2Δ_a/ε"),
 }
 
 
@@ -218,7 +290,8 @@ def _gem_fast(name: str, frozen: tuple, capacity: int, sens_batched: bool) -> Ca
 
 
 def _select_gem(name, key, scores, sens, epsilon, params):
-    """GEM family on a batch: O(k·m) frontier path with an in-pass dense fallback (see `_gem_fast`)."""
+    """GEM family on a batch: O(k·m) frontier path with an in-pass dense fallback (see `_gem_fast`);
+    returns (out, validity flags)."""
     params = dict(params)
     k = scores.shape[-1]
     m = params.pop("frontier_size", None) or _frontier_default(k)
@@ -230,17 +303,16 @@ def _select_gem(name, key, scores, sens, epsilon, params):
     # rows redone densely in the pass (O(k²) each): ~1.5% of rows at k ≤ 128, fewer for larger k
     capacity = min(batch, max(8, 2 * batch // max(k, 128)))
     fn = _gem_fast(name, tuple(sorted(params.items())) + (("frontier_size", m),), capacity, sens.ndim == 2)
-    (out, overflow, excess), flags = fn(key, scores, sens, jnp.float32(epsilon), **extra)
-    _raise_on(flags)
-    if bool(excess):  # rare: redo every overflowed row on the host-driven dense path
+    (out, overflow, excess), flags = fn(key, scores, sens, epsilon, **extra)
+    if bool(excess) and bool(np.all(np.asarray(flags))):  # rare: redo every overflowed row on the host-driven dense path
         rows = np.nonzero(np.asarray(overflow))[0]
         padded = 1 << int(rows.size - 1).bit_length()  # bucket sizes to bound recompilation
         take = np.concatenate([rows, np.full(padded - rows.size, rows[0])])
         dense = _batched(name, False, sens.ndim == 2, tuple(sorted(params.items())))
         sub, _ = dense(jax.random.fold_in(key, 2), scores[take], sens[take] if sens.ndim == 2 else sens,
-                       jnp.float32(epsilon))
+                       epsilon)
         out = out.at[rows].set(sub[: rows.size])
-    return out
+    return out, flags
 
 
 @functools.lru_cache(maxsize=64)
@@ -253,28 +325,62 @@ def _rs_poissonized(frozen: tuple) -> Callable:
     return _checked(functools.partial(rs_mod.random_stopping_poissonized, **dict(frozen)))
 
 
+@functools.partial(jax.jit, static_argnames=("resolution",))
+def _shift_rows(scores, sens, t_abs, resolution):
+    """(scores − row max, range-ok flag) in the input dtype (float64 in `select`); NaN/inf stay non-finite
+    for `_checked`'s flags."""
+    q = scores - jnp.max(scores, axis=-1, keepdims=True)
+    if resolution is None:
+        return q, jnp.bool_(True)
+    d = jnp.broadcast_to(sens, q.shape)
+    ref = jnp.max(d, axis=-1) if resolution == "max" else jnp.min(d, axis=-1)
+    magnitude = -jnp.min(q, axis=-1) + t_abs * jnp.max(d, axis=-1)
+    bad = 4.0 * _UNIT_ROUNDOFF * magnitude > _LOSS_SLACK * ref
+    return q, ~jnp.any(bad & jnp.isfinite(magnitude) & (ref > 0))  # non-finite / Δ ≤ 0: reported by `_checked`
+
+
 def select(name: str, key: jax.Array, scores, sensitivities, epsilon: float, allow_nonprivate: bool = False,
            **params) -> jax.Array:
     """Runs mechanism `name` on every row of scores [B, k] (or one problem [k]) -> int32 [B] (or []).
 
     sensitivities: [k] shared by all rows, or [B, k]. Validates the inputs (finite scores, finite
-    positive sensitivities, ε > 0) and jit-compiles once per (name, params, shapes).
+    positive sensitivities, ε > 0, each row's range resolvable: `check_range`) and jit-compiles once per
+    (name, params, shapes). Scores and sensitivities (numpy or jax, any float dtype) are converted to
+    float64, each row's maximum is subtracted in float64 before anything else (outputs are invariant to
+    a common offset per row) and the sampler runs in float64 (see the module docstring). Inputs must be
+    concrete: inside `jax.jit` use `get_mechanism(name).sample` on float64 arrays under `jax.enable_x64`.
     """
     mech = get_mechanism(name, allow_nonprivate)
     params = mech.check_params(params)
     epsilon = check_epsilon(epsilon)
     check_shapes(scores, sensitivities)  # values are checked inside the compiled call (`_checked`)
-    scores = jnp.asarray(scores, jnp.float32)
-    sens = jnp.asarray(sensitivities, jnp.float32)
+    if not is_concrete(scores, sensitivities, key):
+        raise ValueError("select needs concrete scores/sensitivities/key (it validates them on the host); inside "
+                         "jax.jit call get_mechanism(name).sample on float64 arrays under jax.enable_x64")
+    with jax.enable_x64(True):
+        return _select64(mech, name, key, scores, sensitivities, epsilon, allow_nonprivate, params)
+
+
+def _select64(mech, name, key, scores, sensitivities, epsilon, allow_nonprivate, params):
+    scores = jnp.asarray(scores, jnp.float64)  # exact for float32 / float64 inputs
+    sens = jnp.asarray(sensitivities, jnp.float64)
     single = scores.ndim == 1
     if single:
         scores, sens = scores[None], sens
     elif scores.ndim != 2:
         raise ValueError(f"scores must have shape [k] or [B, k], got {scores.shape}")
     k = scores.shape[-1]
-    if name in _GEM_FAST and k >= 32 and params.get("frontier_size", 0) is not None:
-        out = _select_gem(name, key, scores, sens, epsilon, params)
+    scores, range_ok = _shift_rows(scores, sens, _gem_shift_magnitude(mech, k, epsilon, params), mech.resolution)
+
+    def finish(out, flags):
+        _raise_on(flags)  # invalid input: nothing is returned
+        if not bool(range_ok):
+            check_range(mech, np.asarray(scores), np.asarray(sens), epsilon, params)
         return out[0] if single else out
+
+    eps = jnp.float64(epsilon)
+    if name in _GEM_FAST and k >= 32 and params.get("frontier_size", 0) is not None:
+        return finish(*_select_gem(name, key, scores, sens, eps, params))
     if name.startswith("rs-") and "block" not in params:
         stopping = "tnb" if name == "rs-tnb" else "geometric"
         eta = params.get("eta", 1.0) if stopping == "tnb" else 1.0
@@ -288,13 +394,9 @@ def select(name: str, key: jax.Array, scores, sensitivities, epsilon: float, all
         else:
             fn = None
         if fn is not None:
-            out, flags = fn(key, scores, jnp.broadcast_to(sens, scores.shape), jnp.float32(epsilon))
-            _raise_on(flags)
-            return out[0] if single else out
+            return finish(*fn(key, scores, jnp.broadcast_to(sens, scores.shape), eps))
     fn = _batched(name, allow_nonprivate, sens.ndim == 2, tuple(sorted(params.items())))
-    out, flags = fn(key, scores, sens, jnp.float32(epsilon))
-    _raise_on(flags)  # invalid input: nothing is returned
-    return out[0] if single else out
+    return finish(*fn(key, scores, sens, eps))
 
 
 def probabilities(name: str, scores, sensitivities, epsilon: float, allow_nonprivate: bool = False,

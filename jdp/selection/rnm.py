@@ -12,7 +12,9 @@ Noise scale b = 2Δ/ε (Δ/ε if monotone):
   rnm_laplace:     argmax q_a + Laplace(b)
   exponential_mechanism: P[a] ∝ exp(q_a / b)
   permute_and_flip: visit candidates in random order, accept r w.p. exp((q_r − q*)/b).
-Floating-point samplers are not exactly DP (Mironov 2012); this is a research implementation.
+Floating-point samplers are not exactly DP (Mironov 2012): `select` runs them in float64 so every
+realised output probability is within ~k·2^-52 of the exact law (float32: ~2^-23); this is a research
+implementation.
 """
 from __future__ import annotations
 
@@ -56,9 +58,11 @@ def sample_softmax(key: jax.Array, logits: jax.Array) -> jax.Array:
     """One draw per row from P[a] ∝ exp(logits_a), [..., k] -> int32 [...], by inverse CDF.
 
     Uses ONE uniform per row, where Gumbel-max (`jax.random.categorical`) needs k; on CPU the random
-    bits dominate the cost (4x faster at k = 100). u lies in (0, total], so a candidate of probability
-    0 is never returned; float32 cumulative sums resolve probabilities to ~2^-24 of the row total, the
-    same order as Gumbel-max's float32 truncation.
+    bits dominate the cost. u lies in (0, total], so a candidate of probability 0 is never returned.
+    Exactness is that of the dtype: the cumulative sums and the uniform's grid resolve probabilities to
+    ~k·u of the row total (u = 2^-53 in float64, as `select` runs it: every realised probability is
+    within ~k·2^-52 of the exact one; in float32 the error is ~k·2^-23, a δ of that size, which is why
+    `select` no longer samples in float32).
     """
     p = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
     c = jnp.cumsum(p, axis=-1)
