@@ -17,8 +17,8 @@ output law equals the exact one up to float64 rounding (absolute error ~k·2⁻�
 float32 samplers had ~2⁻²³). Rows whose range is too large for float64 relative to the sensitivities
 are rejected (`check_range`). `probabilities` applies the same shift and check on the host.
 `select` needs concrete arrays; inside your own `jax.jit` call the per-problem function
-`get_mechanism(name).sample`, which computes in the dtype it is given (float64 under
-`jax.enable_x64` for the same exactness) and subtracts each row's maximum first.
+`get_mechanism(name).sample`, which computes in the dtype it is given: subtract each row's maximum
+yourself first and pass float64 under `jax.enable_x64` for the same exactness (it does neither).
 
 Privacy of `select` on a batch: each row is one selection at ε. When row i only reads the data of
 privacy unit i (e.g. one recommendation per user from that user's scores), rows compose in parallel
