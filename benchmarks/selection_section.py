@@ -114,6 +114,13 @@ def main():
               "integer sorts per row, NumPy's in threads, since XLA:CPU's sort is ~20× slower) and RS_γ next (one "
               "uniform and two logs per candidate). The 2-core VM's throughput drifts by up to 2× between runs, so "
               "compare rows within one run.",
+              "- The speed table predates the privacy audit (merge c9f35ea): `select` now shifts each row by its max "
+              "and samples in float64 so outputs are offset-invariant and exact up to float64 rounding. Old vs new "
+              "code timed alternately on the shared 2-core CPU (10⁴ rows) kept new/old throughput 0.47 (EM, k = 100) "
+              "to 1.0, kRR 0.48-0.87, GEM family 0.61-1.6 (noisy); the table above has not been re-run since, so "
+              "its ratios to diffprivlib overstate the current speed by up to about 2x for EM and kRR. Exact "
+              "probabilities of Laplace RNM and RS_γ now resolve every quadrature panel and cost about 0.3-0.45 s "
+              "per row at k = 100.",
               "- Synthetic: the 'no correlation → RNM best' finding is not reproduced with our generators (GEM wins, "
               "because low-sensitivity candidates are still favoured when Δ is independent of q).",
               "- Recommendation: RS_γ is best at every ε, mGEM second (the paper reports mGEM best); RS_γ and RNMH "
