@@ -62,6 +62,9 @@ def register(subparsers) -> None:
     p.add_argument("--length-buckets", default="8,16,32,64,128",
                    help="comma-separated shorter windows for short sequences (compute only; '' = none)")
     p.add_argument("--eval-every", type=float, default=0.0, help="validation every N epochs (0 = end only)")
+    p.add_argument("--n-users", type=int, default=None,
+                   help="declared public bound on the number of users (sets q = B/N and the steps; default: "
+                        "the data's count, stated in the report as treated public)")
     p.add_argument("--checkpoint", default=None, help="checkpoint file (resumed when present)")
     add_seed_arguments(p, data_seed=False)
     p.add_argument("--no-progress", action="store_true")
@@ -103,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
                       blocks=args.blocks, dropout=dropout, physical_batch=args.physical_batch,
                       micro_batch=args.micro_batch, hist_noise_multiplier=args.hist_noise_multiplier,
                       eval_every_epochs=args.eval_every, mask_history=args.mask_history,
-                      length_buckets=tuple(int(b) for b in args.length_buckets.split(",") if b.strip()))
+                      length_buckets=tuple(int(b) for b in args.length_buckets.split(",") if b.strip()),
+                      n_users_public=args.n_users)
     public = None
     if args.public_item_counts:
         public = np.load(args.public_item_counts)

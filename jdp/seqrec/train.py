@@ -62,6 +62,7 @@ class TrainConfig:
     mask_history: bool = False
     eval_chunk: int = 1024
     length_buckets: tuple = (8, 16, 32, 64, 128)  # window lengths used for short sequences (compute only)
+    n_users_public: int | None = None  # declared public bound on the users: sets q = B/N and the steps
 
     def validate(self) -> None:
         if self.epsilon is not None:
@@ -102,6 +103,18 @@ def lr_schedule(lr: float, steps: int, warmup_frac: float) -> optax.Schedule:
                                  optax.linear_schedule(lr, 0.0, max(1, steps - warm))], [warm])
 
 
+def sampling_plan(data: SeqData, cfg: TrainConfig) -> tuple[int, float, int]:
+    """(N, q = B/N, steps) from the declared public number of users, else from the data's count (which the
+    report then states as an assumption: under add/remove-one-user it is private)."""
+    n_data = data.n_users
+    N = n_data if cfg.n_users_public is None else int(cfg.n_users_public)
+    if N < n_data:
+        raise ValueError(f"n_users_public ({N}) must be >= the users in the data ({n_data})")
+    if cfg.batch_size > N:
+        raise ValueError(f"batch_size must be <= number of users ({N}), got {cfg.batch_size}")
+    return N, cfg.batch_size / N, max(1, int(math.ceil(cfg.epochs * N / cfg.batch_size)))
+
+
 def dp_sgd_event(noise_multiplier: float, sampling_rate: float, steps: int) -> dpe.DpEvent:
     return dpe.SelfComposedDpEvent(dpe.PoissonSampledDpEvent(sampling_rate, dpe.GaussianDpEvent(noise_multiplier)), steps)
 
@@ -115,10 +128,12 @@ def privacy_setup(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_c
     cfg.validate()
     if cfg.epsilon is None:
         return None, 0.0, None
-    N, L, M = data.n_users, data.maxlen, data.n_items
-    q = cfg.batch_size / N
-    steps = max(1, int(math.ceil(cfg.epochs * N / cfg.batch_size)))
+    L, M = data.maxlen, data.n_items
+    N, q, steps = sampling_plan(data, cfg)
     report = accounting.PrivacyReport(cfg.delta, unit="user", relation="add/remove one user's sequence")
+    if cfg.n_users_public is None:
+        report.assume(f"number of users N = {N} treated as public (sets the sampling rate q = B/N and the "
+                      "number of steps); declare a public bound with TrainConfig(n_users_public=...)")
     # the vocabulary's own release (private mode) or the assumption it rests on (public / exact)
     report.releases.extend(data.vocab_releases)
     for text in data.vocab_assumptions:
@@ -152,11 +167,8 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     """
     cfg.validate()
     t_start = time.perf_counter()
-    N, L, M = data.n_users, data.maxlen, data.n_items
-    if cfg.batch_size > N:
-        raise ValueError(f"batch_size must be <= number of users ({N}), got {cfg.batch_size}")
-    q = cfg.batch_size / N
-    steps = max(1, int(math.ceil(cfg.epochs * N / cfg.batch_size)))
+    L, M = data.maxlen, data.n_items
+    N, q, steps = sampling_plan(data, cfg)
     private = cfg.epsilon is not None
     if public_item_counts is not None and cfg.model == "dpformer":  # validate before any work
         if np.shape(public_item_counts) != (M + 1,):
@@ -224,7 +236,7 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     for step in it:
         t0 = time.perf_counter()
         ks, kn, kd = jax.random.split(jax.random.fold_in(k_train, step), 3)
-        idx = np.flatnonzero(np.asarray(jax.random.bernoulli(ks, q, (N,))))
+        idx = np.flatnonzero(np.asarray(jax.random.bernoulli(ks, q, (data.n_users,))))
         acc, loss_sum, c, nonfinite = zero, 0.0, 0, 0
         for bi, Lb in enumerate(buckets):  # every sampled user is processed exactly once
             sel = idx[bucket_id[idx] == bi]

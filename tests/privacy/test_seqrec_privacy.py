@@ -104,3 +104,31 @@ def test_private_vocabulary_release_in_training_report(tmp_path):
     assert data.EXACT_VOCAB_ASSUMPTION in rep_x.assumptions
     assert any("Re-Attention item counts" in a for a in rep_x.assumptions)
     assert data.EXACT_VOCAB_ASSUMPTION in rep_x.to_dict()["assumptions"]
+
+
+def test_declared_user_count_fixes_the_sampling_plan():
+    """Audit item 6 (seqrec): q = B/N and the number of steps come from a declared public number of users;
+    without one the report states that the data's user count is treated as public."""
+    import dataclasses as dc
+
+    from jdp.seqrec.train import TrainConfig, privacy_setup, sampling_plan
+
+    rng = np.random.default_rng(0)
+    n_users, maxlen, n_items = 40, 6, 12
+    seqs = rng.integers(1, n_items + 1, (n_users + 1, maxlen + 2)).astype(np.int32)
+
+    def make(n):
+        from jdp.seqrec.data import SeqData
+        return SeqData(train_input=seqs[:n, :maxlen], train_target=seqs[:n, 1:maxlen + 1],
+                       valid_input=seqs[:n, 1:maxlen + 1], valid_target=seqs[:n, maxlen + 1],
+                       test_input=seqs[:n, 2:maxlen + 2], test_target=seqs[:n, maxlen + 1],
+                       n_items=n_items, maxlen=maxlen)
+
+    cfg = TrainConfig(model="transformer", epsilon=2.0, batch_size=8, epochs=2, n_users_public=100)
+    assert sampling_plan(make(n_users), cfg) == sampling_plan(make(n_users + 1), cfg) == (100, 0.08, 25)
+    with pytest.raises(ValueError, match="n_users_public"):
+        sampling_plan(make(n_users), dc.replace(cfg, n_users_public=10))
+    report, _, _ = privacy_setup(make(n_users), dc.replace(cfg, n_users_public=None), jax.random.key(0))
+    assert any("number of users N = 40 treated as public" in a for a in report.assumptions)
+    report, _, _ = privacy_setup(make(n_users), cfg, jax.random.key(0))
+    assert not any("number of users" in a for a in report.assumptions)
