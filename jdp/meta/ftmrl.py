@@ -79,6 +79,7 @@ def dp_ftmrl(key, tasks: TaskSet, learner, h0: PyTree, *, epsilon: float | None,
     else:
         z = privacy.calibrate_tree(acc.check_epsilon(epsilon), delta, n_steps)
     report = privacy.new_report(delta, privacy.REPLACE_SPECIAL)
+    report.assume(f"number of tasks K = {k} treated as public (sets the stream of ceil(K/b) steps)")
     report.add_mechanism(f"DP-FTMRL: tree aggregation over {n_steps} steps of {b} tasks", "tree", z * clip, clip,
                          n_tasks=k, batch_size=b, steps=n_steps)
     h0_flat, spec = stack_init(h0)

@@ -109,6 +109,7 @@ def run_private(key, tasks: TaskSet, learner, h0_flat: jax.Array, spec: engine.F
         z = privacy.calibrate_meta_sgd(epsilon, delta, k, int(batch_size), int(steps), sampling)
     noise_std = z * sens
     report = privacy.new_report(delta, relation)
+    report.assume(f"number of tasks K = {k} treated as public (sets the sampling rate m/K)")
     report.add_mechanism(f"{name}: {steps} noisy steps, {sampling} sampling of {batch_size}/{k} tasks",
                          sampling, noise_std, clip, n_tasks=k, batch_size=int(batch_size), steps=int(steps))
     last, avg = engine.train_jit(

@@ -288,6 +288,7 @@ class MetaPrivacyReport(acc.PrivacyReport):
                           batch_size=self.mechanisms[0]["batch_size"], steps=self.mechanisms[0]["steps"])))
                 for rel in (ADD_REMOVE, REPLACE_ONE)},
             "pure_epsilon": None,
+            "assumptions": list(self.assumptions),
             "releases": [
                 {"name": r.name, "event": repr(r.event), "sensitivity": r.sensitivity,
                  "noise_scale": r.noise_scale, "count": r.count}

@@ -94,6 +94,7 @@ def test_report_epsilon_under_both_relations_matches_dp_accounting(index):
     d = res.report.to_dict()
     assert d["epsilon_by_relation"] == by and d["neighbouring_relation"] and d["dp_accounting_relation"]
     assert "replace one task" in str(res.report)
+    assert any("number of tasks K" in a for a in d["assumptions"])  # audit item 6: K is declared public
 
 
 def test_tables_name_the_relation_of_every_epsilon():
