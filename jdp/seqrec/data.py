@@ -151,7 +151,11 @@ def private_vocabulary(seqs: list[np.ndarray], item_catalogue, min_item_count: f
 def _vocab(seqs: list[np.ndarray], vocabulary: str, item_catalogue, min_item_count: float,
            max_items_per_user: int | None, noise_multiplier: float, key,
            report: accounting.PrivacyReport | None) -> tuple[list[np.ndarray], int]:
-    """Re-indexes raw-id sequences under a 'public' or 'private' vocabulary (see module doc)."""
+    """Re-indexes raw-id sequences under the chosen vocabulary (see module doc) -> (sequences, n_items)."""
+    if vocabulary == "sasrec-exact":  # the papers' protocol: not private, so the report says so
+        if report is not None:
+            report.assume(EXACT_VOCAB_ASSUMPTION)
+        return _reindex(seqs)
     if vocabulary == "public":
         cat = _check_catalogue(item_catalogue)
         if report is not None:
@@ -191,12 +195,8 @@ def read_sasrec(path: str | pathlib.Path, *, vocabulary: str = "sasrec-exact", i
     if (arr < 0).any():
         raise ValueError("data_path contains negative ids")
     seqs = _group(arr[:, 0], arr[:, 1])
-    if vocabulary == "sasrec-exact":
-        if report is not None:
-            report.assume(EXACT_VOCAB_ASSUMPTION)
-        return _reindex(seqs)
-    return _vocab(seqs, vocabulary, item_catalogue, min_item_count, max_items_per_user,
-                  vocab_noise_multiplier, key, report)
+    return _vocab(seqs, vocabulary, item_catalogue, min_item_count, max_items_per_user, vocab_noise_multiplier,
+                  key, report)
 
 
 def read_ratings(path: str | pathlib.Path, min_user_count: int = 5, min_item_count: int = 5, *,
@@ -229,12 +229,8 @@ def read_ratings(path: str | pathlib.Path, min_user_count: int = 5, min_item_cou
     # Users in order of first appearance in the file.
     uniq, first = np.unique(arr[keep][:, 0], return_index=True)
     seqs = [seqs[i] for i in np.argsort(first, kind="stable")]
-    if vocabulary == "sasrec-exact":
-        if report is not None:
-            report.assume(EXACT_VOCAB_ASSUMPTION)
-        return _reindex(seqs)
-    return _vocab(seqs, vocabulary, item_catalogue, min_item_count, max_items_per_user,
-                  vocab_noise_multiplier, key, report)
+    return _vocab(seqs, vocabulary, item_catalogue, min_item_count, max_items_per_user, vocab_noise_multiplier,
+                  key, report)
 
 
 def pad_left(seqs: list[np.ndarray], maxlen: int) -> np.ndarray:
