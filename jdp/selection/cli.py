@@ -29,7 +29,7 @@ def _load(path: str, name: str) -> np.ndarray:
     if not p.exists():
         raise ValueError(f"{name}: file not found: {path}")
     arr = np.load(p) if p.suffix == ".npy" else np.loadtxt(p, delimiter=",", ndmin=1)
-    return np.asarray(arr, np.float32)
+    return np.asarray(arr, np.float64)  # select shifts each row in float64: never round user scores first
 
 
 def _scenario(name: str):
@@ -47,7 +47,7 @@ def _problem(args):
         return _load(args.scores, "--scores"), _load(args.sensitivities, "--sensitivities"), "file"
     sc = _scenario(args.scenario)
     q, d = sc.draw(np.random.default_rng(args.data_seed), args.problems, args.k)
-    return q.astype(np.float32), d.astype(np.float32), f"scenario:{sc.name}"
+    return q.astype(np.float64), d.astype(np.float64), f"scenario:{sc.name}"
 
 
 def _emit(payload: dict, out: str | None) -> None:

@@ -234,3 +234,22 @@ def test_random_stopping_probabilities_match_a_numpy_simulation():
     freq = np.bincount(cand[order][last], minlength=k) / n
     p = S.probabilities("rs-geometric", q, d, eps)
     assert np.all(np.abs(freq - p) <= 5 * np.sqrt(p * (1 - p) / n)), (freq, p)
+
+
+def test_cli_keeps_user_scores_in_float64(tmp_path):
+    """Audit item 4 (CLI): `jdp select run --scores` must not round user scores to float32 before the shift:
+    a common offset of 1e7 leaves the selections of the same seed unchanged."""
+    import json
+
+    from jdp.cli import main
+    rng = np.random.default_rng(3)
+    q = rng.normal(0, 0.3, (200, 8))
+    np.save(tmp_path / "d.npy", np.full(8, 0.1))
+    out = []
+    for shift in (0.0, 1e7):
+        np.save(tmp_path / "q.npy", q + shift)
+        path = tmp_path / f"out{shift}.json"
+        assert main(["select", "run", "--mechanism", "em", "--epsilon", "1", "--seed", "5", "--scores",
+                     str(tmp_path / "q.npy"), "--sensitivities", str(tmp_path / "d.npy"), "--out", str(path)]) == 0
+        out.append(json.loads(path.read_text())["selections"])
+    assert out[0] == out[1]
