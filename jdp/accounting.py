@@ -132,26 +132,31 @@ def _split_pure(event: dpe.DpEvent) -> tuple[list, list] | None:
 
 
 def make_accountant(event: dpe.DpEvent | None = None, accountant: str = "rdp",
-                    orders: Sequence[float] = DEFAULT_RDP_ORDERS,
-                    pld_discretization: float = 1e-4) -> dp_accounting.PrivacyAccountant:
-    """A fresh accountant; 'rdp' (default) or 'pld'. Pure-DP (randomized-response) events need PLD
-    under REPLACE_ONE, chosen automatically; they cannot be mixed with subsampled events, whose
-    noise multipliers are stated for add/remove."""
-    if event is not None and _contains(event, dpe.RandomizedResponseDpEvent):
+                    orders: Sequence[float] = DEFAULT_RDP_ORDERS, pld_discretization: float = 1e-4,
+                    relation: NeighborRel = NeighborRel.ADD_OR_REMOVE_ONE) -> dp_accounting.PrivacyAccountant:
+    """A fresh accountant; 'rdp' (default) or 'pld', under `relation` (add/remove by default; events'
+    noise multipliers are stated for that relation). Under add/remove, pure-DP (randomized-response)
+    events need PLD under REPLACE_ONE, chosen automatically; they cannot be mixed with subsampled
+    events, whose noise multipliers are stated for add/remove."""
+    if not isinstance(relation, NeighborRel):
+        raise ValueError(f"relation must be a dp_accounting NeighboringRelation, got {relation!r}")
+    if (relation is NeighborRel.ADD_OR_REMOVE_ONE and event is not None
+            and _contains(event, dpe.RandomizedResponseDpEvent)):
         for sampled in (dpe.PoissonSampledDpEvent, dpe.SampledWithoutReplacementDpEvent,
                         dpe.SampledWithReplacementDpEvent):
             if _contains(event, sampled):
                 raise ValueError("pure-DP events cannot be composed with subsampled events in one report")
         return pld_privacy_accountant.PLDAccountant(NeighborRel.REPLACE_ONE, pld_discretization)
     if accountant == "rdp":
-        return rdp_privacy_accountant.RdpAccountant(list(orders), NeighborRel.ADD_OR_REMOVE_ONE)
+        return rdp_privacy_accountant.RdpAccountant(list(orders), relation)
     if accountant == "pld":
-        return pld_privacy_accountant.PLDAccountant(NeighborRel.ADD_OR_REMOVE_ONE, pld_discretization)
+        return pld_privacy_accountant.PLDAccountant(relation, pld_discretization)
     raise ValueError(f"accountant must be 'rdp' or 'pld', got {accountant!r}")
 
 
 def compute_epsilon(event: dpe.DpEvent, delta: float, accountant: str = "rdp",
-                    orders: Sequence[float] = DEFAULT_RDP_ORDERS) -> float:
+                    orders: Sequence[float] = DEFAULT_RDP_ORDERS,
+                    relation: NeighborRel = NeighborRel.ADD_OR_REMOVE_ONE) -> float:
     """ε at the given δ of a (composed) event, from dp_accounting accountants.
 
     Pure-DP events mixed with others: dp_accounting composes randomized response only under
@@ -160,6 +165,8 @@ def compute_epsilon(event: dpe.DpEvent, delta: float, accountant: str = "rdp",
     events' (ε₁, δ) under add/remove with the pure part's (ε₂, 0): both are valid bounds.
     """
     delta = check_delta(delta)
+    if relation is not NeighborRel.ADD_OR_REMOVE_ONE:
+        return _accounted_epsilon(event, delta, accountant, orders, relation)
     split = _split_pure(event) if _contains(event, dpe.RandomizedResponseDpEvent) else None
     if split is not None and split[0] and split[1]:
         pure = _accounted_epsilon(dpe.ComposedDpEvent(split[0]), 0.0, accountant, orders)
@@ -171,18 +178,20 @@ def compute_epsilon(event: dpe.DpEvent, delta: float, accountant: str = "rdp",
     return _accounted_epsilon(event, delta, accountant, orders)
 
 
-def _accounted_epsilon(event: dpe.DpEvent, delta: float, accountant: str, orders: Sequence[float]) -> float:
+def _accounted_epsilon(event: dpe.DpEvent, delta: float, accountant: str, orders: Sequence[float],
+                       relation: NeighborRel = NeighborRel.ADD_OR_REMOVE_ONE) -> float:
     event = _expand_pure(event)
-    acc = make_accountant(event, accountant, orders)
+    acc = make_accountant(event, accountant, orders, relation=relation)
     if not acc.supports(event):
-        raise ValueError(f"the {type(acc).__name__} does not support event {event}")
+        raise ValueError(f"the {type(acc).__name__} under {relation.name} does not support event {event}")
     acc.compose(event)
     return float(acc.get_epsilon(delta))
 
 
 def calibrate(make_event: Callable[[float], dpe.DpEvent], epsilon: float, delta: float,
               bracket: tuple[float, float] = (1e-3, 1e5), accountant: str = "rdp",
-              orders: Sequence[float] = DEFAULT_RDP_ORDERS, tol: float | None = None) -> float:
+              orders: Sequence[float] = DEFAULT_RDP_ORDERS, tol: float | None = None,
+              relation: NeighborRel = NeighborRel.ADD_OR_REMOVE_ONE) -> float:
     """Smallest parameter (e.g. noise multiplier) in `bracket` whose event spends at most (ε, δ).
 
     Bisection over `compute_epsilon` itself (the spend is non-increasing in the parameter), so the
@@ -195,7 +204,7 @@ def calibrate(make_event: Callable[[float], dpe.DpEvent], epsilon: float, delta:
         raise ValueError(f"bracket must satisfy 0 < lo < hi < inf, got {bracket!r}")
 
     def spends(param: float) -> float:
-        return compute_epsilon(make_event(param), delta, accountant, orders)
+        return compute_epsilon(make_event(param), delta, accountant, orders, relation)
 
     eps_hi = spends(hi)
     if eps_hi > epsilon:

@@ -12,7 +12,7 @@ from jdp.cli import add_seed_arguments, noise_seed
 DEFAULT_ML100K = pathlib.Path("..") / "shared" / "datasets" / "ml-100k"
 
 
-def load_data(name: str, path: str | None, seed: int = 0, n_users: int = 20_000, n_items: int = 2_000,
+def load_data(name: str, path: str | None, data_seed: int = 0, n_users: int = 20_000, n_items: int = 2_000,
               nnz: int = 1_000_000, *, public_users: int | None = None, item_catalogue: str | None = None):
     """`synthetic` (planted low-rank, Zipf popularity), `synthetic-movielens` (planted, calibrated to
     MovieLens: log-normal marginals, item / user biases), `ml-100k`, or `movielens` (any standard file).
@@ -26,7 +26,7 @@ def load_data(name: str, path: str | None, seed: int = 0, n_users: int = 20_000,
     from jdp.data import load_movielens, load_movielens_items, planted_movielens, planted_powerlaw
     if name in ("synthetic", "synthetic-movielens"):
         generate = planted_powerlaw if name == "synthetic" else planted_movielens
-        return generate(seed=seed, n_users=n_users, n_items=n_items, nnz=nnz).data, (0.5, 5.0), []
+        return generate(seed=data_seed, n_users=n_users, n_items=n_items, nnz=nnz).data, (0.5, 5.0), []
     if name == "ml-100k":
         candidates = [path, os.environ.get("JDP_ML100K"), DEFAULT_ML100K]
         path = next((c for c in candidates if c and pathlib.Path(c).exists()), None)

@@ -2,7 +2,9 @@
 rating matrices at MovieLens scale (Zipf popularity, or calibrated to MovieLens).
 
 Data generators, not private routines: nothing is released. Generation uses numpy's Generator
-(seeded) on the host and is vectorised (no per-user or per-item Python loops).
+(seeded) on the host and is vectorised (no per-user or per-item Python loops). Their `seed` (default
+0, so experiments stay comparable) is public randomness of the generated data, never privacy noise:
+private routines draw their noise from their own key or fresh OS entropy (`jdp.noise.seeded_key`).
 """
 from __future__ import annotations
 

@@ -38,8 +38,6 @@ from typing import Callable
 
 import dp_accounting
 from dp_accounting import dp_event as dpe
-from dp_accounting.pld import pld_privacy_accountant
-from dp_accounting.rdp import rdp_privacy_accountant
 
 from jdp import accounting as acc
 
@@ -76,27 +74,26 @@ def sensitivity_factor(relation: str) -> float:
     return 2.0 if relation == REPLACE_ONE else 1.0
 
 
-def make_accountant(relation: str, accountant: str = "rdp") -> dp_accounting.PrivacyAccountant:
+def _relation(relation: str) -> NeighborRel:
     if relation not in _RELATIONS:
         raise ValueError(f"relation must be one of {tuple(_RELATIONS)}, got {relation!r}")
-    if accountant == "rdp":
-        # the without-replacement RDP bound costs O(α) per integer order: use a sparser grid (fewer
-        # orders can only give a larger, still valid, ε)
-        orders = REPLACE_ONE_ORDERS if relation == REPLACE_ONE else acc.DEFAULT_RDP_ORDERS
-        return rdp_privacy_accountant.RdpAccountant(list(orders), _RELATIONS[relation])
-    if accountant == "pld":
-        return pld_privacy_accountant.PLDAccountant(_RELATIONS[relation])
-    raise ValueError(f"accountant must be 'rdp' or 'pld', got {accountant!r}")
+    return _RELATIONS[relation]
+
+
+def _orders(relation: str) -> tuple[float, ...]:
+    # the without-replacement RDP bound costs O(α) per integer order: use a sparser grid (fewer orders
+    # can only give a larger, still valid, ε)
+    return REPLACE_ONE_ORDERS if relation == REPLACE_ONE else acc.DEFAULT_RDP_ORDERS
+
+
+def make_accountant(relation: str, accountant: str = "rdp") -> dp_accounting.PrivacyAccountant:
+    """jdp.accounting's accountant under `relation` (one of ADD_REMOVE, REPLACE_ONE, REPLACE_SPECIAL)."""
+    return acc.make_accountant(None, accountant, _orders(relation), relation=_relation(relation))
 
 
 def epsilon_of(event: dpe.DpEvent, delta: float, relation: str, accountant: str = "rdp") -> float:
-    """ε at δ of `event` from a dp_accounting accountant under `relation`."""
-    delta = acc.check_delta(delta)
-    a = make_accountant(relation, accountant)
-    if not a.supports(event):
-        raise ValueError(f"{type(a).__name__} under {relation} does not support event {event}")
-    a.compose(event)
-    return float(a.get_epsilon(delta))
+    """ε at δ of `event` under `relation`, by jdp.accounting.compute_epsilon."""
+    return acc.compute_epsilon(event, delta, accountant, _orders(relation), relation=_relation(relation))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -132,23 +129,10 @@ def _check_counts(n_tasks: int, batch_size: int, steps: int) -> None:
 
 def calibrate_noise_multiplier(make_event: Callable[[float], dpe.DpEvent], epsilon: float, delta: float,
                                relation: str, bracket: tuple[float, float] = (0.05, 500.0)) -> float:
-    """Smallest noise multiplier whose event spends at most (ε, δ) under `relation` (RDP accountant).
-
-    add/remove events go through `jdp.accounting.calibrate`; the other relations need an accountant
-    built with that relation, which the shared helper does not take yet, so they call
-    dp_accounting.calibrate_dp_mechanism directly with the same explicit-bracket convention.
-    """
-    epsilon, delta = acc.check_epsilon(epsilon), acc.check_delta(delta)
-    if relation == ADD_REMOVE:
-        return acc.calibrate(make_event, epsilon, delta, bracket=bracket, tol=1e-4)
-    lo, hi = bracket
-    if epsilon_of(make_event(hi), delta, relation) > epsilon:
-        raise ValueError(f"cannot reach epsilon={epsilon} at delta={delta} with noise multiplier <= {hi}")
-    if epsilon_of(make_event(lo), delta, relation) <= epsilon:
-        return float(lo)
-    return float(dp_accounting.calibrate_dp_mechanism(
-        lambda: make_accountant(relation), make_event, epsilon, delta,
-        dp_accounting.ExplicitBracketInterval(lo, hi), tol=1e-4))
+    """Smallest noise multiplier whose event spends at most (ε, δ) under `relation` (RDP accountant),
+    by jdp.accounting.calibrate."""
+    return acc.calibrate(make_event, epsilon, delta, bracket=bracket, tol=1e-4, orders=_orders(relation),
+                         relation=_relation(relation))
 
 
 @functools.lru_cache(maxsize=256)

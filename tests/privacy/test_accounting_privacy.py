@@ -60,3 +60,24 @@ def test_pure_dp_event_large_epsilon_does_not_overflow():
         assert compute_epsilon(event, DELTA) >= 0.99 * min(eps, 700.0)  # inf once e^-ε underflows
     p = pure_dp_event(1.0).noise_parameter
     assert p == pytest.approx(2 / (1 + math.e), rel=1e-12)
+
+
+def test_relation_is_passed_to_the_accountant_and_calibration_agrees():
+    """Every accountant is built in jdp.accounting: an explicit relation reaches dp_accounting, and
+    calibrate under it agrees with compute_epsilon (tree aggregation is defined under REPLACE_SPECIAL only)."""
+    from dp_accounting import NeighboringRelation as NR
+
+    from jdp.accounting import make_accountant
+    assert make_accountant(relation=NR.REPLACE_SPECIAL).neighboring_relation is NR.REPLACE_SPECIAL
+    tree = lambda s: dpe.SingleEpochTreeAggregationDpEvent(s, 64)  # noqa: E731
+    with pytest.raises(ValueError, match="does not support"):
+        compute_epsilon(tree(1.0), DELTA)  # not defined under add/remove
+    s = calibrate(tree, 1.0, DELTA, relation=NR.REPLACE_SPECIAL)
+    spent = compute_epsilon(tree(s), DELTA, relation=NR.REPLACE_SPECIAL)
+    assert 0.97 <= spent <= 1.0 + 1e-6
+    # PLD under REPLACE_ONE counts a Gaussian at twice its add/remove sensitivity
+    g = dpe.GaussianDpEvent(4.0)
+    assert compute_epsilon(g, DELTA, "pld", relation=NR.REPLACE_ONE) == pytest.approx(
+        compute_epsilon(dpe.GaussianDpEvent(2.0), DELTA, "pld"), rel=1e-3)
+    with pytest.raises(ValueError, match="relation"):
+        make_accountant(relation="add/remove")
