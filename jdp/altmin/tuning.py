@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+import dp_accounting
 import numpy as np
 
 from jdp.accounting import PrivacyReport, calibrate, check_delta, check_epsilon
@@ -58,16 +59,12 @@ def user_validation_losses(model: AltMinModel, train: Interactions, valid: Inter
 def run_epsilon(configs: Sequence[AltMinConfig], epsilon: float, delta: float) -> float:
     """The per-candidate ε at which the K candidate runs together spend (epsilon, delta)."""
     def composed(inverse_eps: float):
-        return _compose([candidate_event(dataclasses.replace(c, epsilon=1.0 / inverse_eps, delta=delta))
-                         for c in configs])
+        return dp_accounting.ComposedDpEvent(
+            [candidate_event(dataclasses.replace(c, epsilon=1.0 / inverse_eps, delta=delta)) for c in configs])
     # ε_run lies between ε/(4K) (well below basic composition) and ε (one run alone).
     k = len(configs)
     return 1.0 / calibrate(composed, epsilon, delta, bracket=(1.0 / epsilon, 4.0 * k / epsilon), tol=1e-3 / epsilon)
 
-
-def _compose(events):
-    import dp_accounting
-    return dp_accounting.ComposedDpEvent(list(events))
 
 
 def tune_private(train: Interactions, valid: Interactions, configs: Sequence[AltMinConfig], *, epsilon: float,
