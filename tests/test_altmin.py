@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import dp_accounting
@@ -6,7 +7,7 @@ import pytest
 
 from jdp.accounting import compute_epsilon
 from jdp.altmin import AltMinConfig, calibrate_noise, fit
-from jdp.altmin.model import default_dim
+from jdp.altmin.model import MIN_DIRECTION_SNR, candidate_event, default_dim, item_ridge
 from jdp.altmin.experiment import rating_experiment
 from jdp.data import planted_movielens, planted_powerlaw, split_ratings
 
@@ -25,7 +26,8 @@ def small():
 ])
 def test_report_composes_every_release_to_the_target(small, method, names):
     _, (train, _, _) = small
-    cfg = AltMinConfig(method=method, epsilon=2.0, steps=2, dim=4, show_progress=False, sgd_inner_steps=2)
+    cfg = AltMinConfig(method=method, epsilon=2.0, steps=2, dim=4, show_progress=False, sgd_inner_steps=2,
+                       global_mean="private")
     model = fit(train, cfg)
     rep = model.report
     assert [r.name for r in rep.releases] == names
@@ -37,37 +39,69 @@ def test_report_composes_every_release_to_the_target(small, method, names):
     # SSP noise scales: std = σ·√k·Γ² on A, σ·√k·Γ·Γy on b
     if "SSP" in names[-1]:
         a, b = rep.releases[-2], rep.releases[-1]
-        g = model.config.user_clip  # Γ (default 0.5); √k = 10, Γy = 2.25
+        g = np.hypot(model.config.user_clip, model.config.bias_clip)  # ‖[clip(u, Γ), γ₀]‖; √k = 10, Γy = 2.25
+        assert g == pytest.approx(0.5 * np.sqrt(2))  # defaults Γ = γ₀ = 0.5
         assert a.sensitivity == pytest.approx(10.0 * g**2) and b.sensitivity == pytest.approx(10.0 * g * 2.25)
         assert a.noise_scale / a.sensitivity == pytest.approx(model.noise_multiplier)
 
 
 def test_calibration_uses_bisection_on_the_whole_event():
-    cfg = AltMinConfig(method="ada-dpals", epsilon=1.0, steps=2).resolve()
+    cfg = AltMinConfig(method="ada-dpals", epsilon=1.0, steps=2, global_mean="private").resolve()
     s_mean, s_counts, sigma = calibrate_noise(cfg)
     g = dp_accounting.GaussianDpEvent
     ev = dp_accounting.ComposedDpEvent([dp_accounting.SelfComposedDpEvent(g(s_mean), 2), g(s_counts),
                                         dp_accounting.SelfComposedDpEvent(dp_accounting.ComposedDpEvent([g(sigma)] * 2), 2)])
     assert compute_epsilon(ev, 1e-5) == pytest.approx(1.0, rel=1e-3)
-    assert compute_epsilon(dp_accounting.SelfComposedDpEvent(g(s_mean), 2), 1e-5) == pytest.approx(0.03, rel=1e-2)
+    assert compute_epsilon(dp_accounting.SelfComposedDpEvent(g(s_mean), 2), 1e-5) == pytest.approx(0.1, rel=1e-2)
+    assert calibrate_noise(AltMinConfig(method="ada-dpals", epsilon=1.0, steps=2).resolve())[0] is None  # public prior
 
 
 def test_default_dim_depends_on_public_sizes_and_noise_only(small):
-    # more noise or fewer users per item never give a larger dimension; bounded to [2, 32]
+    # more noise or fewer users per item never give a larger rank; at most 32, 0 (biases only) when one
+    # direction's signal-to-noise ratio x is below 1
     sigmas = [0.005, 0.05, 0.5, 2.0, 8.0, 50.0, 1e4]
     dims = [default_dim(69_878, 10_677, 100, s) for s in sigmas]
-    assert dims == sorted(dims, reverse=True) and dims[0] == 32 and dims[-1] == 2
+    assert dims == sorted(dims, reverse=True) and dims[0] == 32 and dims[-1] == 0
     assert default_dim(943, 1682, 100, 0.86) <= default_dim(69_878, 10_677, 100, 0.86)
+    per_item = 69_878 * 100 / 10_677
+    x_min = per_item / (2 * 10 * MIN_DIRECTION_SNR)  # σ at which x = MIN_DIRECTION_SNR
+    assert default_dim(69_878, 10_677, 100, x_min * 1.01) == 0 and default_dim(69_878, 10_677, 100, x_min * 0.99) > 0
+    assert default_dim(69_878, 10_677, 100, x_min / 4, signal_share=0.5) == default_dim(69_878, 10_677, 100, x_min / 2)
     # fit() resolves an unset dim from the calibrated σ and the id-space sizes, never from the ratings
     _, (train, _, _) = small
-    model = fit(train, AltMinConfig(method="dpals-uniform", epsilon=2.0, steps=1, show_progress=False))
-    assert model.config.dim == default_dim(train.n_users, train.n_items, 100, model.noise_multiplier)
+    model = fit(train, AltMinConfig(method="dpals-uniform", epsilon=200.0, steps=1, show_progress=False))
+    assert model.config.dim == default_dim(train.n_users, train.n_items, 100, model.noise_multiplier, 0.5) > 0
     assert model.item_factors.shape == (train.n_items, model.config.dim)
-    assert AltMinConfig(method="als").resolve().dim == 32
+    assert AltMinConfig(method="als").resolve().dim == 16
     with pytest.raises(ValueError, match="noise_multiplier"):
         default_dim(100, 10, 100, 0.0)
-    with pytest.raises(ValueError, match="dim and steps"):
-        AltMinConfig(method="dpals-uniform", dim=0).resolve()
+    with pytest.raises(ValueError, match="dim must be"):
+        AltMinConfig(method="dpals-uniform", dim=-1).resolve()
+    with pytest.raises(ValueError, match="dim must be"):
+        AltMinConfig(method="dpals-uniform", dim=0, biases=False).resolve()
+
+
+def test_small_epsilon_falls_back_to_biases_and_one_step(small):
+    """Rank 0 when the noise drowns one direction: then one step, σ recalibrated for it, and the same event
+    in candidate_event (what tune_private composes) as in the fitted report."""
+    _, (train, _, _) = small
+    cfg = AltMinConfig(method="ada-dpals", epsilon=0.5, show_progress=False)
+    model = fit(train, cfg, seed=0)
+    assert model.config.dim == 0 and model.config.steps == 1 and model.item_factors.shape == (train.n_items, 0)
+    assert np.all(np.isfinite(model.item_bias)) and np.any(model.item_bias != 0)
+    assert model.report.epsilon() == pytest.approx(0.5, rel=1e-3)
+    assert compute_epsilon(candidate_event(cfg, train.n_users, train.n_items), 1e-5) == pytest.approx(0.5, rel=1e-3)
+    # the SSP feature bound is γ₀ alone at rank 0 (no u_j in the features)
+    a = [r for r in model.report.releases if r.name.endswith("A (Gram)")][0]
+    assert a.sensitivity == pytest.approx(10.0 * model.config.bias_clip**2)
+
+
+def test_item_ridge_grows_with_the_noise_so_item_biases_vanish():
+    cfg = AltMinConfig(method="dpals-uniform", epsilon=1.0, dim=0).resolve()
+    lams = [item_ridge(cfg, s, 943, 1682) for s in (0.1, 1.0, 10.0, 100.0)]
+    assert lams == sorted(lams) and lams[-1] / lams[-2] == pytest.approx(100, rel=0.01)  # ∝ σ² for large σ
+    with_factors = dataclasses.replace(cfg, dim=4)
+    assert item_ridge(with_factors, 1.0, 943, 1682) >= item_ridge(cfg, 1.0, 943, 1682)
 
 
 def test_sharded_item_update_equals_unsharded(small):
@@ -81,10 +115,10 @@ def test_sharded_item_update_equals_unsharded(small):
 def test_quality_ordering_on_small_data(small):
     data, _ = small
     als = rating_experiment(data, AltMinConfig(method="als", dim=4, steps=6, show_progress=False))["metrics"]
-    assert als["rmse_test"] < als["rmse_mean_only_test"] - 0.05
+    assert als["rmse_test"] < als["rmse_zero_cost_test"] - 0.05 < als["rmse_prior_only_test"] - 0.05
     hi = rating_experiment(data, AltMinConfig(method="dpals-uniform", epsilon=1e4, dim=4, steps=6, reg_scale=0.01,
                                               show_progress=False))["metrics"]
-    assert hi["rmse_test"] < als["rmse_mean_only_test"]  # huge ε: close to the non-private model
+    assert hi["rmse_test"] < als["rmse_zero_cost_test"]  # huge ε: close to the non-private model
     for rmse in hi["sliced"]["rmse_test"]:
         assert np.isfinite(rmse)
 

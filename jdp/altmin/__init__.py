@@ -4,9 +4,11 @@ Methods: 'als' (non-private reference), 'dpals-uniform', 'dpals-tail', 'ada-dpal
 'dpsgd-tail', 'ada-dpsgd'. See `jdp.altmin.model` for the privacy statement; `tune_private` picks the
 configuration from a public grid privately (`jdp.altmin.tuning`).
 """
-from jdp.altmin.model import (METHODS, AltMinConfig, AltMinModel, UserSolver, calibrate_noise, candidate_event,
-                              evaluate_ratings, fit, solve_users)
+from jdp.altmin.model import (METHODS, AltMinConfig, AltMinModel, UserEmbeddings, UserSolver, calibrate_noise, candidate_event,
+                              evaluate_ratings, fit, solve_users,
+                              zero_cost_model)
 from jdp.altmin.tuning import TunedModel, tune_private
 
-__all__ = ["METHODS", "AltMinConfig", "AltMinModel", "TunedModel", "UserSolver", "calibrate_noise", "candidate_event",
-           "evaluate_ratings", "fit", "solve_users", "tune_private"]
+__all__ = ["METHODS", "AltMinConfig", "AltMinModel", "TunedModel", "UserEmbeddings", "UserSolver", "calibrate_noise", "candidate_event",
+           "evaluate_ratings", "fit", "solve_users", "tune_private",
+           "zero_cost_model"]

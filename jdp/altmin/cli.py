@@ -65,6 +65,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dim", type=int, default=None, help="embedding dimension (default: from the data sizes and the noise, see default_dim)")
     p.add_argument("--steps", type=int, default=None, help="alternating steps (default depends on ε)")
     p.add_argument("--budget", type=int, default=100, help="per-user budget k (Σ_i w_ij² ≤ k)")
+    p.add_argument("--tune", choices=["none", "private"], default="none",
+                   help="private: choose rank / item ridge from a small public grid with a DP selection on the "
+                        "validation ratings; the report covers every candidate run and the choice")
     p.add_argument("--n-shards", type=int, default=1, help="devices for the item update (0 = all local devices)")
     p.add_argument("--synthetic-size", type=int, nargs=3, metavar=("USERS", "ITEMS", "RATINGS"),
                    default=(20_000, 2_000, 1_000_000))
@@ -89,14 +92,19 @@ def run(args: argparse.Namespace) -> int:
                        delta=args.delta, mu=args.mu, dim=args.dim, steps=args.steps, budget=args.budget,
                        rating_range=rating_range, n_shards=args.n_shards or None,
                        merge_duplicates=args.merge_duplicates)
-    row = rating_experiment(data, cfg, seed=noise_seed(args), split_seed=args.data_seed)
+    if args.tune == "private" and args.method == "als":
+        raise ValueError("--tune private tunes a private method; 'als' is the non-private reference")
+    row = rating_experiment(data, cfg, seed=noise_seed(args), split_seed=args.data_seed,
+                            tune=None if args.tune == "none" else args.tune)
     row["data"] = args.data
     row["privacy"]["assumptions"] += notes
     for note in notes:
         print(f"note: {note}")
     m = row["metrics"]
-    print(f"{row['method']}  epsilon={row['epsilon']}  RMSE test={m['rmse_test']:.4f} valid={m['rmse_valid']:.4f} "
-          f"(mean-only {m['rmse_mean_only_test']:.4f})")
+    print(f"{row['method']}  epsilon={row['epsilon']}  rank={row['config']['dim']}  RMSE test={m['rmse_test']:.4f} "
+          f"valid={m['rmse_valid']:.4f}")
+    print(f"zero-cost baselines (nothing released): prior only {m['rmse_prior_only_test']:.4f}, "
+          f"prior + each user's own bias {m['rmse_zero_cost_test']:.4f}")
     print("RMSE by popularity bucket (tail -> head): " + "  ".join(f"{x:.4f}" for x in m["sliced"]["rmse_test"]))
     print(f"privacy: epsilon={row['privacy']['epsilon']:.4f} at delta={row['privacy']['delta']:g} "
           f"over {len(row['privacy']['releases'])} release groups")

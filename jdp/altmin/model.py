@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from typing import NamedTuple
 
 import dp_accounting
 import jax
@@ -43,18 +44,19 @@ from jdp.multitask.weights import adaptive_weights, tail_sampling_weights, unifo
 from jdp.noise import clip_by_norm, seeded_key
 
 METHODS = ("als", "dpals-uniform", "dpals-tail", "ada-dpals", "dpsgd-uniform", "dpsgd-tail", "ada-dpsgd")
+MIN_DIRECTION_SNR = 4.0  # default_dim: below this signal-to-noise ratio of one direction, rank 0 (biases only)
 USERS_PER_BLOCK = 16384  # user solves run in blocks of this many users to bound memory (A is d×d per user)
 
 
 @dataclasses.dataclass(frozen=True)
 class AltMinConfig:
-    """Hyper-parameters. `None` fields take the documented defaults in `resolve()`, which depend only on
-    public quantities (ε, δ, dim, the id-space sizes), never on the ratings."""
+    """Hyper-parameters. `None` fields take the documented defaults in `resolve()` (and `fit()` for dim),
+    which depend only on public quantities (ε, δ, the rating scale, the declared sizes), never on the ratings."""
     method: str = "ada-dpals"
     epsilon: float | None = 1.0          # None for 'als'
     delta: float = 1e-5
-    dim: int | None = None               # default: default_dim() from the public sizes and the calibrated
-                                         # noise (2 … 32); 32 for ALS
+    dim: int | None = None               # rank of u·v. Private default: default_dim() from the public sizes and the
+                                         # calibrated noise (0 … 32; 0 = biases only); 'als': 16
     steps: int | None = None             # 2 (ε≤2), 3 (ε≤10), 4 otherwise; ALS 10
     mu: float = 0.25                     # adaptive exponent (ada-*)
     budget: int = 100                    # k: per-user squared-weight budget β = k; also count_sample
@@ -64,14 +66,26 @@ class AltMinConfig:
                                          # users exceed 0.5 and land on the sphere, which gives the most signal
                                          # per unit of sensitivity (measured: never worse than 1.0, 1% better
                                          # RMSE at ε = 1 on the ML10M-scale synthetic)
-    label_clip: float | None = None      # Γy on centred ratings; default half the rating range
+    biases: bool = True                  # r̂ = μ + b_u + c_i + u·v: user bias b_u solved on the user side (free),
+                                         # item bias c_i released in the same private item update
+    bias_clip: float | None = None       # γ₀: the constant feature that carries c_i in the item update (default Γ:
+                                         # the bias gets the same signal-to-noise as one factor direction; 'als':
+                                         # 1, so the item bias has the item ridge λ); the
+                                         # item update's feature bound becomes √(Γ² + γ₀²)
+    label_clip: float | None = None      # Γy on residual ratings; default half the rating range
     rating_range: tuple[float, float] = (0.5, 5.0)  # PUBLIC rating scale
-    center: bool = True                  # private global mean (non-private exact mean for 'als')
-    reg: float | None = None             # item ridge λ; default noise-aware: reg_scale·2√d·std(A noise)
+    global_mean: str | float | None = None  # μ. 'prior' (private default): the public midpoint of rating_range,
+                                         # no ε spent: the user biases absorb the offset; a float: a public prior
+                                         # declared by the caller; 'private': a private estimate spending
+                                         # center_fraction of ε; 'exact' ('als' default): the non-private mean
+    reg: float | None = None             # item ridge λ; default noise-aware: reg_scale·2√(d+1)·std(A noise)
     reg_scale: float = 2.0
-    user_reg: float | None = None        # user ridge; default 1.0 (private) / 5.0 (als)
+    user_reg: float | None = None        # user ridge on u; default 1.0 (private) / 10.0 (als)
+    user_bias_reg: float | None = None   # user ridge on b_u (shrinks it to the prior μ); default 5.0 = the ratio of
+                                         # rating noise to user-bias variance, (σ_r / σ_b)² ≈ (1 / 0.45)², in
+                                         # units of the rating scale (scale-free, so public)
     count_fraction: float = 0.12         # ε share that sets the noise of the private item counts
-    center_fraction: float = 0.03        # ε share that sets the noise of the private mean (very insensitive)
+    center_fraction: float = 0.1         # ε share of the private global mean (global_mean='private' only)
     sgd_inner_steps: int = 4             # noisy GD updates per outer step (dpsgd-*)
     sgd_clip: float = 1.0                # per-user gradient clip C (dpsgd-*)
     sgd_lr: float | None = None          # default 0.5; each noisy-GD update divides the summed gradient by
@@ -113,22 +127,53 @@ class AltMinConfig:
             raise ValueError("count_fraction + center_fraction must be < 1")
         if self.weight_mode not in ("clip", "normalize"):
             raise ValueError(f"weight_mode must be 'clip' or 'normalize', got {self.weight_mode!r}")
+        global_mean = self.global_mean if self.global_mean is not None else ("prior" if self.private else "exact")
+        if isinstance(global_mean, str):
+            if global_mean not in ("prior", "private", "exact"):
+                raise ValueError(f"global_mean must be 'prior', 'private', 'exact' or a float, got {global_mean!r}")
+            if global_mean == "exact" and self.private:
+                raise ValueError("global_mean='exact' reads the ratings without noise: only for the non-private 'als'")
+            if global_mean == "private" and not self.private:
+                global_mean = "exact"
+        elif not (math.isfinite(global_mean) and lo <= global_mean <= hi):
+            raise ValueError(f"a declared global_mean prior must lie in rating_range {self.rating_range}, got {global_mean}")
         eps = self.epsilon if self.private else math.inf
-        dim = self.dim if self.dim is not None else (None if self.private else 32)  # private: fit() → default_dim()
+        dim = self.dim if self.dim is not None else (None if self.private else 16)  # private: fit() → default_dim()
         steps = self.steps if self.steps is not None else (10 if not self.private else 2 if eps <= 2 else 3 if eps <= 10 else 4)
-        if (dim is not None and dim < 1) or steps < 1:
-            raise ValueError(f"dim and steps must be >= 1, got {dim}, {steps}")
+        if (dim is not None and dim < (0 if self.biases else 1)) or steps < 1:
+            raise ValueError(f"dim must be >= {0 if self.biases else 1} (0: biases only) and steps >= 1, "
+                             f"got {dim}, {steps}")
         label_clip = self.label_clip if self.label_clip is not None else 0.5 * (hi - lo)
         check_positive(label_clip, "label_clip")
-        user_reg = self.user_reg if self.user_reg is not None else (1.0 if self.private else 5.0)
+        bias_clip = check_positive(self.bias_clip if self.bias_clip is not None else (self.user_clip if self.private else 1.0),
+                                   "bias_clip")
+        user_reg = check_positive(self.user_reg if self.user_reg is not None else (1.0 if self.private else 10.0),
+                                  "user_reg")
+        user_bias_reg = check_positive(self.user_bias_reg if self.user_bias_reg is not None else 5.0, "user_bias_reg")
         return dataclasses.replace(self, dim=dim, steps=steps, label_clip=label_clip, user_reg=user_reg,
+                                   bias_clip=bias_clip, user_bias_reg=user_bias_reg, global_mean=global_mean,
                                    epsilon=self.epsilon if self.private else None)
+
+    @property
+    def item_feature_bound(self) -> float:
+        """The norm bound of one user's feature x_j = [clip(u_j, Γ), γ₀] in the item update (resolved config;
+        rank 0 drops u_j, no biases drop γ₀)."""
+        if not self.biases:
+            return self.user_clip
+        return self.bias_clip if self.dim == 0 else math.hypot(self.user_clip, self.bias_clip)
+
+
+class UserEmbeddings(NamedTuple):
+    """Each user's solved embedding u_j [n_users, d] and bias b_j [n_users] (0 without biases)."""
+    factors: np.ndarray
+    bias: np.ndarray
 
 
 @dataclasses.dataclass
 class AltMinModel:
-    """The released item matrix V (+ the released mean) and how it was obtained."""
+    """The released item matrix V, item biases c (+ the public or released μ) and how they were obtained."""
     item_factors: np.ndarray   # [n_items, d]
+    item_bias: np.ndarray      # [n_items] (zeros without biases)
     mean: float
     config: AltMinConfig
     report: PrivacyReport
@@ -136,39 +181,71 @@ class AltMinModel:
     timings: dict
     seed: int | None = None  # the noise seed: reproduces the run; as secret as the data
 
-    def user_factors(self, history: Interactions) -> np.ndarray:
-        """Each user's embedding solved from V and the user's own ratings (no privacy cost)."""
-        return solve_users(history, self.item_factors, self.mean, self.config.user_reg)
+    def user_factors(self, history: Interactions) -> UserEmbeddings:
+        """Each user's embedding and bias solved from the release and the user's own ratings (no privacy cost)."""
+        cfg = self.config
+        solver = UserSolver(history, cfg.user_reg, cfg.user_bias_reg if cfg.biases else None)
+        return solver(self.item_factors, self.item_bias, self.mean)
 
-    def predict(self, user_factors: np.ndarray, user: np.ndarray, item: np.ndarray) -> np.ndarray:
+    def predict(self, users: UserEmbeddings, user: np.ndarray, item: np.ndarray) -> np.ndarray:
         lo, hi = self.config.rating_range
-        pred = self.mean + np.einsum("nd,nd->n", user_factors[user], self.item_factors[item])
+        pred = (self.mean + users.bias[user] + self.item_bias[item]
+                + np.einsum("nd,nd->n", users.factors[user], self.item_factors[item]))
         return np.clip(pred, lo, hi)
 
 
-class UserSolver:
-    """Exact per-user ridge solves u_j = (Σ_{i∈Ω_j} v_i v_iᵀ + λ_u I)⁻¹ Σ_{i∈Ω_j} (r_ij − mean) v_i.
+def zero_cost_model(train: Interactions, cfg: AltMinConfig) -> AltMinModel:
+    """The model every user gets for free: the public prior μ plus the user's own bias, solved on the user's
+    side; nothing is released (empty report, ε = 0). A private model should never do worse."""
+    cfg = dataclasses.replace(cfg, dim=0, biases=True, global_mean="prior" if cfg.global_mean in (None, "private", "exact")
+                              else cfg.global_mean, method="ada-dpals", epsilon=1.0).resolve()
+    report = PrivacyReport(cfg.delta, unit="user", relation="add/remove all ratings of one user")
+    report.assume(f"public rating scale {tuple(cfg.rating_range)}; nothing released")
+    return AltMinModel(np.zeros((train.n_items, 0), np.float32), np.zeros(train.n_items, np.float32),
+                       _prior(cfg), cfg, report, None, {}, None)
 
-    The observation layout is built once (it does not change across steps); users are solved in
-    blocks of USERS_PER_BLOCK to bound memory (one d×d matrix per user in flight).
+
+def _prior(cfg: AltMinConfig) -> float:
+    lo, hi = cfg.rating_range
+    return float(cfg.global_mean) if not isinstance(cfg.global_mean, str) else 0.5 * (lo + hi)
+
+
+class UserSolver:
+    """Exact per-user ridge solves of (u_j, b_j) from the released (V, c, μ) and the user's own ratings:
+    min Σ_{i∈Ω_j} (r_ij − μ − c_i − b_j − u_j·v_i)² + λ_u‖u_j‖² + λ_b b_j².
+
+    The bias rides as a constant column s = √(λ_u/λ_b) of the design [v_i, s] (one ridge λ_u on the
+    coefficients gives the bias the ridge λ_b). The observation layout is built once; the residual
+    labels are laid out on device each call. Users are solved in blocks of USERS_PER_BLOCK to bound memory.
     """
 
-    def __init__(self, data: Interactions, mean: float, user_reg: float):
+    def __init__(self, data: Interactions, user_reg: float, user_bias_reg: float | None):
         n_blocks = max(1, -(-data.n_users // USERS_PER_BLOCK))
         plan = gram.build_plan(data.user, data.item, None, data.n_users, n_shards=n_blocks)
-        self.classes, self.stack_index = gram.device_arrays(plan, plan.slot_values(data.rating - mean))
+        self.classes, self.stack_index = gram.device_arrays(plan)
+        self.obs_index = gram.observation_index(plan)
         self.global_task, self.flat_index = jnp.asarray(plan.global_task), jnp.asarray(plan.flat_index)
+        self.item, self.rating = jnp.asarray(data.item), jnp.asarray(data.rating, jnp.float32)
         self.user_reg = float(user_reg)
+        self.bias_column = None if user_bias_reg is None else math.sqrt(user_reg / user_bias_reg)
 
-    def __call__(self, item_factors) -> jax.Array:
-        u = solve_tasks(jnp.asarray(item_factors, jnp.float32), self.classes, self.stack_index, self.global_task,
-                        jax.random.key(0), 0.0, 0.0, self.user_reg, mesh=None, noisy=False)
-        return u[self.flat_index]
+    def __call__(self, item_factors, item_bias, mean: float) -> UserEmbeddings:
+        v = jnp.asarray(item_factors, jnp.float32)
+        if self.bias_column is not None:
+            v = jnp.concatenate([v, jnp.full((v.shape[0], 1), self.bias_column, jnp.float32)], axis=1)
+        resid = self.rating - mean - jnp.asarray(item_bias, jnp.float32)[self.item]
+        classes = gram.with_labels(self.classes, self.obs_index, resid)
+        coef = solve_tasks(v, classes, self.stack_index, self.global_task, jax.random.key(0), 0.0, 0.0,
+                           self.user_reg, mesh=None, noisy=False)[self.flat_index]
+        if self.bias_column is None:
+            return UserEmbeddings(np.asarray(coef), np.zeros(coef.shape[0], np.float32))
+        return UserEmbeddings(np.asarray(coef[:, :-1]), np.asarray(coef[:, -1] * self.bias_column))
 
 
-def solve_users(data: Interactions, item_factors: np.ndarray, mean: float, user_reg: float) -> np.ndarray:
-    """Every user's embedding [n_users, d] from the item matrix and the user's own ratings."""
-    return np.asarray(UserSolver(data, mean, user_reg)(item_factors))
+def solve_users(data: Interactions, item_factors: np.ndarray, item_bias: np.ndarray, mean: float, user_reg: float,
+                user_bias_reg: float | None = None) -> UserEmbeddings:
+    """Every user's embedding and bias from the release and the user's own ratings (no privacy cost)."""
+    return UserSolver(data, user_reg, user_bias_reg)(item_factors, item_bias, mean)
 
 
 def _preprocess_event(sigma_c: float, n_gaussians: int) -> dp_accounting.DpEvent:
@@ -186,9 +263,9 @@ def _training_event(cfg: AltMinConfig, sigma: float) -> dp_accounting.DpEvent:
 def calibrate_noise(cfg: AltMinConfig) -> tuple[float | None, float | None, float]:
     """(σ for the mean, σ for the counts, σ for training): the pre-processing noise multipliers are set so
     that each alone would spend its fraction of ε; then σ is found by bisection so that the composition
-    of everything spends exactly (ε, δ)."""
+    of everything spends exactly (ε, δ). σ for the mean is None unless global_mean='private'."""
     pre, sigma_mean, sigma_counts = [], None, None
-    if cfg.center:
+    if cfg.global_mean == "private":
         sigma_mean = calibrate(lambda s: _preprocess_event(s, 2), cfg.center_fraction * cfg.epsilon, cfg.delta,
                                bracket=(1e-2, 1e7))
         pre.append(_preprocess_event(sigma_mean, 2))
@@ -201,36 +278,89 @@ def calibrate_noise(cfg: AltMinConfig) -> tuple[float | None, float | None, floa
     return sigma_mean, sigma_counts, sigma
 
 
-def candidate_event(cfg: AltMinConfig) -> dp_accounting.DpEvent:
-    """The composed dp_accounting event of a private fit with `cfg` (noise calibrated to cfg.epsilon)."""
+def plan_run(cfg: AltMinConfig, n_users: int, n_items: int) -> tuple[AltMinConfig, tuple]:
+    """The resolved config of a fit on the declared PUBLIC sizes (dim and steps filled in) and its noise
+    multipliers (σ mean, σ counts, σ training); `fit` and `candidate_event` both use it, so the accounted
+    event is the one that runs. An unset dim comes from `default_dim`; when that is 0 (biases only) and
+    steps were not set, one step is taken (the item biases need no alternation) and σ is recalibrated."""
+    steps_given = cfg.steps is not None
     cfg = cfg.resolve()
     if not cfg.private:
+        return cfg, (None, None, None)
+    noise = calibrate_noise(cfg)
+    if cfg.dim is None:
+        g, g0 = cfg.user_clip, cfg.bias_clip
+        share = g**2 / (g**2 + g0**2) if cfg.biases else 1.0
+        dim = max(default_dim(n_users, n_items, cfg.budget, noise[2], share), 0 if cfg.biases else 1)
+        cfg = dataclasses.replace(cfg, dim=dim)
+        if dim == 0 and not steps_given and cfg.steps > 1:
+            cfg = dataclasses.replace(cfg, steps=1)
+            noise = calibrate_noise(cfg)
+    return cfg, noise
+
+
+def candidate_event(cfg: AltMinConfig, n_users: int, n_items: int) -> dp_accounting.DpEvent:
+    """The composed dp_accounting event of a private fit with `cfg` on the declared sizes (noise calibrated
+    to cfg.epsilon)."""
+    if not cfg.resolve().private:
         raise ValueError(f"method {cfg.method!r} is the non-private reference: it has no privacy event")
-    sigma_mean, sigma_counts, sigma = calibrate_noise(cfg)
-    pre = [_preprocess_event(sigma_mean, 2)] if cfg.center else []
+    cfg, (sigma_mean, sigma_counts, sigma) = plan_run(cfg, n_users, n_items)
+    pre = [_preprocess_event(sigma_mean, 2)] if sigma_mean is not None else []
     pre += [_preprocess_event(sigma_counts, 1)] if _needs_counts(cfg.method) else []
     return dp_accounting.ComposedDpEvent(pre + [_training_event(cfg, sigma)])
 
 
-def default_dim(n_users: int, n_items: int, budget: int, noise_multiplier: float) -> int:
-    """Default embedding dimension of a private run, from PUBLIC quantities only: the declared sizes
-    (n_users: the user id space / a public bound on the users, n_items: the item catalogue; never
-    counts of the users or items present in the data), k and σ.
+def item_ridge(cfg: AltMinConfig, noise_multiplier: float, n_users: int, n_items: int) -> float:
+    """Default (noise-aware) ridge λ of the private SSP item update, from public quantities only.
 
-    Each item's noisy Gram has noise of spectral size ≈ 2√d·σ√k·Γ² while its signal per direction is
+    Factors: reg_scale·2√(d+1)·std(A noise), a multiple of the noise's spectral size. Item bias: the
+    posterior-mean ridge for c_i ~ N(0, τ²) seen through an item with the average per-item budget
+    c̄ = min(n_users·k/n_items, n_users) of ratings of residual std s plus the b̂ noise (std σ√k·Γx·Γy):
+    λ_b = γ₀²·(s² + σ²k·Γy²·Γx²/(γ₀² c̄))/τ², with the scale-free public priors s = Γy/2 (residual std) and
+    τ = Γy/4 (item-bias std; on 1–5 stars: 1 and 0.5). One scalar ridge serves both: the larger. As σ
+    grows λ_b grows like σ², so the released item biases shrink to 0 and the model tends to the
+    zero-cost prior + user bias."""
+    clip_x, gy, k = cfg.item_feature_bound, cfg.label_clip, cfg.budget
+    n_feat = cfg.dim + int(cfg.biases)
+    std_a = noise_multiplier * math.sqrt(k) * clip_x**2
+    lam = cfg.reg_scale * 2 * math.sqrt(n_feat) * std_a if cfg.dim > 0 else 0.0
+    if cfg.biases:
+        per_item = min(n_users * k / n_items, float(n_users))
+        s2, tau2 = (gy / 2) ** 2, (gy / 4) ** 2
+        g0 = cfg.bias_clip
+        lam = max(lam, (g0**2 * s2 + noise_multiplier**2 * k * gy**2 * clip_x**2 / per_item) / tau2)
+    return lam
+
+
+def default_dim(n_users: int, n_items: int, budget: int, noise_multiplier: float, signal_share: float = 1.0) -> int:
+    """Default rank of a private run, from PUBLIC quantities only: the declared sizes (n_users: the user id
+    space / a public bound on the users, n_items: the item catalogue; never counts of the users or items
+    present in the data), k, σ and the share Γ²/(Γ² + γ₀²) of the feature bound that the factors get.
+
+    Each item's noisy Gram has noise of spectral size ≈ 2√d·σ√k·Γx² while its signal per direction is
     ≈ c·Γ²/d for a per-item budget c ≤ min(n_users·k/n_items, n_users); so the usable dimension grows
-    with x = c / (2σ√k). Theory with a flat spectrum gives d ∝ x^(2/3); rating matrices have decaying
-    spectra, and validation RMSE of dpals-uniform (two planted power-law sets of 20k and 70k users at
-    ε = 1, 5, 20, and ML-100K at ε = 5, 20) followed d ≈ 2·x^(1/3), rounded to a power of two and
-    kept in [2, 32]. Too large a d costs far more than too small a d (ML10M-scale synthetic, validation
-    RMSE: ε = 20 d = 32 0.834 vs d = 8 0.708; ε = 5 d = 4 0.775 vs d = 8 0.763). The rule errs small at
-    that scale: there it gives 4 at ε = 1 and 5, while the mean validation RMSE over 3 seeds preferred 8.
+    with x = c·share / (2σ√k), the signal-to-noise ratio of ONE direction. x < MIN_DIRECTION_SNR (4): the
+    rank is 0 (item biases only, which then shrink to 0 as the noise grows, so the model tends to the
+    zero-cost prior + user bias): a direction must beat the noise by enough to repay the variance of
+    fitting it on each user's side. Measured on two data sets (validation RMSE, ada-dpals, biases on):
+    ML-100K at ε = 20 (x ≈ 1.6) rank 0 0.980 vs rank 2 1.015; the ML10M-scale MovieLens-calibrated
+    synthetic at ε = 1 (x ≈ 2.0) rank 0 0.832 vs 2 / 4 / 8 0.842 / 0.847 / 0.860, and at ε = 5 (x ≈ 6.9)
+    rank 0 0.811 vs 2 / 4 / 8 0.788 / 0.791 / 0.808. Above the threshold, theory with a flat
+    spectrum gives d ∝ x^(2/3); rating matrices have decaying spectra, and validation RMSE of
+    dpals-uniform (two planted power-law sets of 20k and 70k users at ε = 1, 5, 20, and ML-100K at
+    ε = 5, 20) followed d ≈ 2·x^(1/3), rounded to a power of two and kept in [2, 32]. Too large a d costs
+    far more than too small a d (ML10M-scale synthetic, validation RMSE: ε = 20 d = 32 0.834 vs d = 8
+    0.708; ε = 5 d = 4 0.775 vs d = 8 0.763).
     """
     if min(n_users, n_items, budget) < 1:
         raise ValueError(f"n_users, n_items and budget must be >= 1, got {n_users}, {n_items}, {budget}")
     check_positive(noise_multiplier, "noise_multiplier")
+    if not 0 < signal_share <= 1:
+        raise ValueError(f"signal_share must be in (0, 1], got {signal_share}")
     per_item = min(n_users * budget / n_items, float(n_users))
-    x = per_item / (2 * noise_multiplier * math.sqrt(budget))
+    x = signal_share * per_item / (2 * noise_multiplier * math.sqrt(budget))
+    if x < MIN_DIRECTION_SNR:
+        return 0
     return int(min(32, max(2, 2 ** round(math.log2(2 * x ** (1 / 3))))))
 
 
@@ -238,8 +368,14 @@ def _needs_counts(method: str) -> bool:
     return method.endswith("tail") or method.startswith("ada")
 
 
-def fit(train: Interactions, cfg: AltMinConfig, seed: int | None = None) -> AltMinModel:
-    """Trains with `cfg.method` on `train` and returns the released item matrix and the PrivacyReport.
+def fit(train: Interactions, cfg: AltMinConfig, seed: int | None = None, *, tune: str | None = None,
+        valid: Interactions | None = None) -> AltMinModel:
+    """Trains with `cfg.method` on `train` and returns the released item matrix and biases and the PrivacyReport.
+
+    `tune="private"`: picks dim / reg_scale from `jdp.altmin.tuning.public_grid(cfg)` privately
+    (`tune_private`: every candidate run and the selection in one report of total cfg.epsilon), scoring
+    on `valid` (default: a random 10% of the rows of `train`, split with the public split seed 0; the
+    candidates are fitted on the other 90%). The returned model's report covers the whole tuning.
 
     Unit: a user; relation: add/remove all ratings of one user. `train.n_users` / `train.n_items` are
     used as PUBLIC sizes (user id space, item catalogue; see the module docstring) and recorded as
@@ -248,7 +384,9 @@ def fit(train: Interactions, cfg: AltMinConfig, seed: int | None = None) -> AltM
     `seed` seeds every noise draw; None (the default) draws fresh OS entropy, recorded in `model.seed`.
     Pass a seed only to reproduce an experiment: whoever knows it can subtract the noise.
     """
-    cfg = cfg.resolve()
+    cfg.resolve()  # validate early
+    if tune is not None:
+        return _fit_tuned(train, cfg, seed, tune, valid)
     if train.nnz == 0:
         raise ValueError("train has no ratings")
     if cfg.merge_duplicates:
@@ -272,18 +410,19 @@ def fit(train: Interactions, cfg: AltMinConfig, seed: int | None = None) -> AltM
     if cfg.merge_duplicates:
         report.assume("duplicate (user, item) ratings merged into their mean per user before training")
 
-    # Noise calibration, then pre-processing.
-    sigma_mean, sigma_counts, sigma = calibrate_noise(cfg) if cfg.private else (None, None, None)
-    if cfg.dim is None:
-        cfg = dataclasses.replace(cfg, dim=default_dim(n_users, n_items, k, sigma))
+    # Noise calibration (and the default rank), then pre-processing.
+    cfg, (sigma_mean, sigma_counts, sigma) = plan_run(cfg, n_users, n_items)
+    gamma, gamma0, gy, clip_x = cfg.user_clip, cfg.bias_clip, cfg.label_clip, cfg.item_feature_bound
     if not cfg.private:
         report.add("NON-PRIVATE reference (exact statistics)", dp_accounting.NonPrivateDpEvent())
-        mean = float(train.rating.mean()) if cfg.center else 0.0
-    elif cfg.center:
+    if cfg.global_mean == "exact":
+        mean = float(train.rating.mean())
+    elif cfg.global_mean == "private":
         mid, half = 0.5 * (lo + hi), 0.5 * (hi - lo)  # shift by the public midpoint: smaller sensitivity
         mean = mid + private_mean(k_mean, user, jnp.asarray(train.rating - mid), half, k, sigma_mean, report)
     else:
-        mean = 0.0
+        mean = _prior(cfg)
+        report.assume(f"global mean = public prior {mean:g} (no ε spent)")
     counts = None
     if cfg.private and _needs_counts(cfg.method):
         counts = private_counts(k_counts, user, item, n_items, k, sigma_counts, report, name="item counts").counts
@@ -302,25 +441,28 @@ def fit(train: Interactions, cfg: AltMinConfig, seed: int | None = None) -> AltM
         check_user_budget(train.user, weights, n_users, float(k))
     timings["preprocess_seconds"] = time.perf_counter() - t0
 
-    # Item-side plan (fixed across steps): tasks = items, features = user embeddings.
+    # Item-side plan (fixed across steps): tasks = items, features x_j = [clip(u_j, Γ), γ₀] of the users,
+    # labels y_ij = clip(r_ij − μ − b_j, Γy); θ_i = [v_i, c_i / γ₀]. ‖x_j‖ ≤ clip_x = √(Γ² + γ₀²) is the
+    # feature bound of the SSP / noisy-GD sensitivity analysis.
     t1 = time.perf_counter()
     # Private SSP item updates shard across devices. The non-private ALS reference runs on one device:
     # its Cholesky path inside shard_map hung with several (fake) CPU devices in jax 0.10.
     mesh = task_mesh(cfg.n_shards) if cfg.private and cfg.method.startswith(("dpals", "ada-dpals")) else None
-    labels = np.clip(train.rating - mean, -cfg.label_clip, cfg.label_clip) if cfg.private else train.rating - mean
     d = cfg.dim
     is_sgd = "sgd" in cfg.method
+    rating = jnp.asarray(train.rating, jnp.float32)
     if not is_sgd:
         n_dev = 1 if mesh is None else mesh.size
         plan = gram.build_plan(train.item, train.user, weights, n_items, n_shards=n_dev)
-        classes, stack_index = gram.device_arrays(plan, plan.slot_values(labels))
+        classes, stack_index = gram.device_arrays(plan)
+        obs_index = gram.observation_index(plan)
         global_task, flat_index = jnp.asarray(plan.global_task), jnp.asarray(plan.flat_index)
     timings["plan_seconds"] = time.perf_counter() - t1
 
-    gamma, gy = cfg.user_clip, cfg.label_clip
+    n_feat = d + int(cfg.biases)
     if cfg.private and not is_sgd:
-        std_a, std_b = sigma * math.sqrt(k) * gamma**2, sigma * math.sqrt(k) * gamma * gy
-        lam = cfg.reg if cfg.reg is not None else cfg.reg_scale * 2 * math.sqrt(d) * std_a
+        std_a, std_b = sigma * math.sqrt(k) * clip_x**2, sigma * math.sqrt(k) * clip_x * gy
+        lam = cfg.reg if cfg.reg is not None else item_ridge(cfg, sigma, n_users, n_items)
     else:
         std_a = std_b = 0.0
         lam = cfg.reg if cfg.reg is not None else (cfg.user_reg if not cfg.private else 1.0)
@@ -329,23 +471,29 @@ def fit(train: Interactions, cfg: AltMinConfig, seed: int | None = None) -> AltM
                             cfg.sgd_lr or 0.5, lam=lam if cfg.reg is not None else 0.0, sample_rate=cfg.sample_rate)
 
     v = cfg.init_scale * jax.random.normal(k_init, (n_items, d), jnp.float32)
-    user_solver = UserSolver(train, mean, cfg.user_reg)
+    c = jnp.zeros(n_items, jnp.float32)
+    user_solver = UserSolver(train, cfg.user_reg, cfg.user_bias_reg if cfg.biases else None)
     step_seconds = []
     for t in tqdm(range(cfg.steps), desc=f"{cfg.method}", disable=not cfg.show_progress, leave=False):
         ts = time.perf_counter()
-        u = user_solver(v)
-        feats = clip_by_norm(u, gamma) if cfg.private else u
+        users = user_solver(v, c, mean)
+        u, b = jnp.asarray(users.factors), jnp.asarray(users.bias)
+        feats = item_update_features(u, cfg)
+        resid = rating - mean - b[user]
+        labels = jnp.clip(resid, -gy, gy) if cfg.private else resid
         k_step = jax.random.fold_in(k_train, t)
         if not is_sgd:
-            theta = solve_tasks(feats, classes, stack_index, global_task, k_step, std_a, std_b, lam,
-                                mesh=mesh, noisy=cfg.private)
-            v = theta[flat_index]
+            theta = solve_tasks(feats, gram.with_labels(classes, obs_index, labels), stack_index, global_task,
+                                k_step, std_a, std_b, lam, mesh=mesh, noisy=cfg.private)[flat_index]
         else:
-            v = _noisy_gd_run(k_step, v, item, user, feats[user], jnp.asarray(labels, jnp.float32),
-                              jnp.asarray(weights), n_items, n_users, sgd.steps, sgd.clip_norm,
-                              sgd.noise_multiplier if cfg.private else 0.0, sgd.learning_rate, sgd.lam,
-                              sgd.sample_rate, jnp.inf)
-        if cfg.rescale_items:
+            init = jnp.concatenate([v, (c / gamma0)[:, None]], axis=1) if cfg.biases else v
+            theta = _noisy_gd_run(k_step, init, item, user, feats[user], labels, jnp.asarray(weights), n_items,
+                                  n_users, sgd.steps, sgd.clip_norm, sgd.noise_multiplier if cfg.private else 0.0,
+                                  sgd.learning_rate, sgd.lam, sgd.sample_rate, jnp.inf)
+        v = theta[:, :d]
+        if cfg.biases:
+            c = gamma0 * theta[:, d]
+        if cfg.rescale_items and d > 0:
             v = v / jnp.maximum(jnp.mean(jnp.linalg.norm(v, axis=1)), 1e-12)
         v = jax.block_until_ready(v)
         step_seconds.append(time.perf_counter() - ts)
@@ -353,18 +501,45 @@ def fit(train: Interactions, cfg: AltMinConfig, seed: int | None = None) -> AltM
         if is_sgd:
             record_noisy_gd_releases(report, sgd, count=cfg.steps, prefix="item update (noisy GD)")
         else:
-            record_ssp_releases(report, sigma, float(k), gamma, gy, count=cfg.steps, prefix="item update (SSP)")
+            record_ssp_releases(report, sigma, float(k), clip_x, gy, count=cfg.steps, prefix="item update (SSP)")
     timings["step_seconds"] = step_seconds
     timings["train_seconds"] = time.perf_counter() - t0
-    return AltMinModel(np.asarray(v), float(mean), cfg, report, sigma, timings, seed)
+    return AltMinModel(np.asarray(v), np.asarray(c), float(mean), cfg, report, sigma, timings, seed)
+
+
+def item_update_features(user_factors: jax.Array, cfg: AltMinConfig) -> jax.Array:
+    """x_j = [clip(u_j, Γ), γ₀] (private; unclipped for 'als'): ‖x_j‖ ≤ cfg.item_feature_bound, the bound the
+    SSP / noisy-GD sensitivity analysis uses. Rank 0 keeps only γ₀; no biases drop it."""
+    u = jnp.asarray(user_factors, jnp.float32)
+    feats = clip_by_norm(u, cfg.user_clip) if cfg.private else u
+    if cfg.biases:
+        feats = jnp.concatenate([feats, jnp.full((u.shape[0], 1), cfg.bias_clip, jnp.float32)], axis=1)
+    return feats
+
+
+def _fit_tuned(train: Interactions, cfg: AltMinConfig, seed: int | None, tune: str, valid: Interactions | None):
+    from jdp.altmin.tuning import public_grid, tune_private  # tuning builds on fit
+    from jdp.data import split_ratings
+    if tune != "private":
+        raise ValueError(f"tune must be None or 'private', got {tune!r}")
+    if not cfg.private:
+        raise ValueError("tune='private' tunes a private method; 'als' is the non-private reference")
+    if valid is None:
+        train, valid = split_ratings(train, (0.9, 0.1), seed=0)
+    tuned = tune_private(train, valid, public_grid(cfg), epsilon=cfg.epsilon, delta=cfg.delta, seed=seed)
+    model = tuned.model
+    model.report, model.seed = tuned.report, tuned.seed
+    model.report.assume(f"rank / ridge chosen privately from a public grid of {len(tuned.configs)} "
+                        f"(candidate {tuned.index}: dim={model.config.dim}, reg_scale={model.config.reg_scale:g})")
+    return model
 
 
 def evaluate_ratings(model: AltMinModel, history: Interactions, test: Interactions,
                      item_buckets: np.ndarray | None = None) -> dict:
     """RMSE on `test` with user embeddings solved from `history`; per-bucket RMSE if buckets given."""
     from jdp.metrics import sliced_rmse
-    u = model.user_factors(history)
-    pred = model.predict(u, test.user, test.item)
+    users = model.user_factors(history)
+    pred = model.predict(users, test.user, test.item)
     out = {"rmse_test": float(np.sqrt(np.mean((pred - test.rating) ** 2)))}
     if item_buckets is not None:
         out["sliced"] = {"rmse_by_bucket": sliced_rmse(pred, test.rating, test.item, item_buckets)}

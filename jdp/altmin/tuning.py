@@ -56,15 +56,25 @@ def user_validation_losses(model: AltMinModel, train: Interactions, valid: Inter
     return np.where(n > 0, total / np.maximum(n, 1), 0.0)
 
 
-def run_epsilon(configs: Sequence[AltMinConfig], epsilon: float, delta: float) -> float:
-    """The per-candidate ε at which the K candidate runs together spend (epsilon, delta)."""
+def run_epsilon(configs: Sequence[AltMinConfig], epsilon: float, delta: float, n_users: int, n_items: int) -> float:
+    """The per-candidate ε at which the K candidate runs on the declared sizes together spend (epsilon, delta)."""
     def composed(inverse_eps: float):
         return dp_accounting.ComposedDpEvent(
-            [candidate_event(dataclasses.replace(c, epsilon=1.0 / inverse_eps, delta=delta)) for c in configs])
+            [candidate_event(dataclasses.replace(c, epsilon=1.0 / inverse_eps, delta=delta), n_users, n_items)
+             for c in configs])
     # ε_run lies between ε/(4K) (well below basic composition) and ε (one run alone).
     k = len(configs)
     return 1.0 / calibrate(composed, epsilon, delta, bracket=(1.0 / epsilon, 4.0 * k / epsilon), tol=1e-3 / epsilon)
 
+
+
+def public_grid(cfg: AltMinConfig) -> tuple[AltMinConfig, ...]:
+    """The default candidate grid of `fit(..., tune="private")` around `cfg`, fixed before seeing any data:
+    rank 0 (biases only), and ranks 2 and 8 each with the item ridge at reg_scale 1 and 4. Fields set in
+    `cfg` other than dim / reg_scale are kept."""
+    grid = [dataclasses.replace(cfg, dim=0)]
+    grid += [dataclasses.replace(cfg, dim=d, reg_scale=r) for d in (2, 8) for r in (1.0, 4.0)]
+    return tuple(grid)
 
 
 def tune_private(train: Interactions, valid: Interactions, configs: Sequence[AltMinConfig], *, epsilon: float,
@@ -91,7 +101,7 @@ def tune_private(train: Interactions, valid: Interactions, configs: Sequence[Alt
     lo, hi = ranges.pop()
     seed = resolve_seed(seed)
     eps_sel = selection_fraction * epsilon
-    eps_run = run_epsilon(configs, epsilon - eps_sel, delta)
+    eps_run = run_epsilon(configs, epsilon - eps_sel, delta, train.n_users, train.n_items)
     report = PrivacyReport(delta, unit="user", relation="add/remove all ratings of one user (train and valid)")
     models, scores = [], []
     bound = (hi - lo) ** 2
@@ -106,4 +116,4 @@ def tune_private(train: Interactions, valid: Interactions, configs: Sequence[Alt
     return TunedModel(models[index], index, configs, report, eps_run, np.asarray(scores), seed)
 
 
-__all__ = ["TunedModel", "run_epsilon", "tune_private", "user_validation_losses"]
+__all__ = ["TunedModel", "public_grid", "run_epsilon", "tune_private", "user_validation_losses"]

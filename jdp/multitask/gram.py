@@ -192,3 +192,15 @@ def segment_sum_gram(feats: jax.Array, task: jax.Array, src: jax.Array, weight: 
     xs = tuple(v.reshape(-1, chunk) for v in (task, src, weight, label))
     (a, b), _ = jax.lax.scan(step, init, xs)
     return a[:n_tasks], b[:n_tasks]
+
+
+def observation_index(plan: GramPlan) -> tuple[jax.Array, ...]:
+    """Per class, the observation index of each slot [P, n, L] (−1 in padding), on device: with it the
+    labels can change every step without rebuilding the plan (`with_labels`)."""
+    return tuple(jnp.asarray(c.obs, jnp.int32) for c in plan.classes)
+
+
+def with_labels(classes, obs_index: tuple[jax.Array, ...], values: jax.Array):
+    """`classes` (from `device_arrays`) with their label slots set to values[obs] (0 in padding)."""
+    return tuple((src, sqrt_w, jnp.where(obs >= 0, values[jnp.maximum(obs, 0)], 0.0).astype(jnp.float32))
+                 for (src, sqrt_w, _), obs in zip(classes, obs_index))

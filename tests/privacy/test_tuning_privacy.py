@@ -71,3 +71,23 @@ def test_nonprivate_tuning_is_declared_in_benchmark_reports():
     assert "assumes: hyper-parameters chosen non-privately" in str(report.assume(NONPRIVATE_TUNING))
     assert report.to_dict()["assumptions"] == [NONPRIVATE_TUNING]
     assert math.isfinite(report.epsilon())
+
+
+def test_fit_tune_private_reports_the_whole_tuning():
+    """fit(tune='private') runs the public grid (rank 0 and ranks 2 / 8 × two ridges) and one report holds
+    every candidate and the choice, at most the requested ε."""
+    from jdp.altmin import fit
+    from jdp.altmin.tuning import public_grid
+    data = planted_powerlaw(seed=0, n_users=300, n_items=50, nnz=6_000).data
+    cfg = AltMinConfig(method="ada-dpals", epsilon=3.0, rating_range=(0.5, 5.0), show_progress=False)
+    grid = public_grid(cfg)
+    assert [c.dim for c in grid] == [0, 2, 2, 8, 8]
+    model = fit(data, cfg, seed=1, tune="private")
+    assert 2.9 <= model.report.epsilon() <= 3.0 * (1 + 1e-6)
+    names = [r.name for r in model.report.releases]
+    assert {n.split(":")[0] for n in names if n.startswith("candidate")} == {f"candidate {c}" for c in range(5)}
+    assert any("chosen privately" in a for a in model.report.assumptions)
+    with pytest.raises(ValueError, match="tune"):
+        fit(data, cfg, tune="validation")
+    with pytest.raises(ValueError, match="non-private"):
+        fit(data, AltMinConfig(method="als"), tune="private")

@@ -322,3 +322,26 @@ def test_cli_declared_sizes_and_duplicates(tmp_path):
     assert main(args + ["--merge-duplicates", "--out", str(out)]) == 0
     assumptions = json.loads(out.read_text())["privacy"]["assumptions"]
     assert sum("data-dependent" in a for a in assumptions) == 2
+
+
+@pytest.mark.parametrize("dim,biases", [(4, True), (0, True), (4, False)])
+def test_item_update_features_respect_the_bound_the_accountant_uses(dim, biases):
+    """Item biases ride in the item update as a constant feature γ₀: every user's feature x_j = [clip(u_j, Γ), γ₀]
+    has norm ≤ √(Γ² + γ₀²) (γ₀ alone at rank 0), the clip_x of the recorded SSP releases, for any u_j, and
+    the worst user (norm attained, full budget) moves the A / b stacks by exactly the recorded sensitivities."""
+    import math
+    from jdp.altmin.model import item_update_features
+    cfg = dataclasses.replace(AltMinConfig(method="dpals-uniform", epsilon=1.0, biases=biases), dim=dim).resolve()
+    rng = np.random.default_rng(0)
+    u = rng.normal(0, 1, (50, dim)) * rng.choice([1e-3, 1.0, 1e3], (50, 1))
+    x = np.asarray(item_update_features(u, cfg))
+    bound = cfg.item_feature_bound
+    assert bound == pytest.approx(0.5 if dim == 0 or not biases else math.hypot(0.5, 0.5))
+    assert np.linalg.norm(x, axis=1).max() <= bound * (1 + 1e-6)
+    # worst user: k items at weight 1, a feature on the bound, labels at ±Γy -> ‖ΔA‖_F = √k·Γx², ‖Δb‖ = √k·Γx·Γy
+    k, gy = cfg.budget, cfg.label_clip
+    xw = x[np.argmax(np.linalg.norm(x, axis=1))]
+    d_a = math.sqrt(sum(np.sum(np.outer(xw, xw) ** 2) for _ in range(k)))
+    d_b = math.sqrt(sum(np.sum((gy * xw) ** 2) for _ in range(k)))
+    assert d_a == pytest.approx(math.sqrt(k) * bound**2, rel=1e-5)
+    assert d_b == pytest.approx(math.sqrt(k) * bound * gy, rel=1e-5)
