@@ -1,6 +1,10 @@
 """Privacy-utility benchmarks of capability 1 (multi-task DP / DP alternating minimization).
 
 Parts (each writes benchmarks/results/altmin_quality_<part>.json and a PNG):
+  ml-100k-defaults  every private method with the library DEFAULTS (nothing tuned) at ε ∈ {0.5, 1, 2, 5, 10, 20},
+               5 seeds (one split each), beside the zero-cost baselines, non-private biases, non-private ALS
+               tuned on validation and ada-dpals with `--tune private`
+  ml10m-calibrated-defaults  the same on the ML10M-scale MovieLens-calibrated synthetic
   appendix-c   task-weighted SSP on the paper's appendix-C synthetic tasks (a = 1, 2), μ sweep
   ml-100k      every method on MovieLens-100K (RMSE), beside non-private ALS
   ml10m-synth  DPALS family on an ML10M-scale planted power-law synthetic (69,878 × 10,677, 10M ratings)
@@ -10,6 +14,7 @@ Parts (each writes benchmarks/results/altmin_quality_<part>.json and a PNG):
                show how the ordering of the budget allocations depends on the item ridge (an analysis sweep,
                not a selection: nothing here picks a setting)
 
+    PYTHONPATH=. python -m benchmarks.altmin_quality ml-100k-defaults --seeds 5
     PYTHONPATH=. python -m benchmarks.altmin_quality appendix-c --seeds 3
     PYTHONPATH=. python -m benchmarks.altmin_quality ml-100k --seeds 3
     PYTHONPATH=. python -m benchmarks.altmin_quality ml10m-synth --seeds 3 --epsilons 1 5
@@ -183,6 +188,108 @@ def part_ml10m_calibrated(args) -> list[dict]:
     return _rating_rows(data, "ml10m-calibrated", (0.5, 5.0), args, DPALS_METHODS)
 
 
+DEFAULT_EPSILONS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0)
+PRIVATE_METHODS = ("dpals-uniform", "dpals-tail", "ada-dpals", "dpsgd-uniform", "dpsgd-tail", "ada-dpsgd")
+ALS_GRID = [(d, lam) for d in (0, 2, 4, 8, 16) for lam in (5.0, 10.0, 20.0, 40.0)]  # (dim, λ item = λ user)
+
+
+def _defaults_rows(data, name, rating_range, args) -> list[dict]:
+    """Library DEFAULTS (nothing tuned) for every private method and ε, one split per seed (split seed = noise
+    seed = s), beside: the zero-cost baselines (in every row's metrics), non-private biases (`als`, rank 0),
+    non-private ALS tuned on validation (dim × λ on split 0, then every split; labelled NON-PRIVATE tuning)
+    and `--tune private` for ada-dpals (every candidate and the choice inside ε)."""
+    rows, path = [], f"altmin_quality_{name.replace('-', '_')}_defaults_partial"
+
+    def run(cfg, seed, tune=None, extra=None):
+        row = rating_experiment(data, cfg, seed=seed, split_seed=seed, tune=tune)
+        row.update(data=name, **(extra or {}))
+        rows.append(row)
+        write_results(path, rows)
+        m = row["metrics"]
+        print(f"{name} {row['method']} eps={row['epsilon']} seed={seed} rank={row['config']['dim']} "
+              f"rmse={m['rmse_test']:.4f} zero-cost={m['rmse_zero_cost_test']:.4f} "
+              f"{row['timings']['fit_seconds']:.1f}s", flush=True)
+        return row
+
+    seeds = range(args.seeds)
+    for s in seeds:  # non-private biases (rank 0, exact mean)
+        run(AltMinConfig(method="als", dim=0, rating_range=rating_range, show_progress=False), s,
+            extra={"label": "non-private biases"})
+    valid = {}
+    for dim, lam in ALS_GRID:
+        cfg = AltMinConfig(method="als", dim=dim, reg=lam, user_reg=lam, rating_range=rating_range, show_progress=False)
+        valid[(dim, lam)] = rating_experiment(data, cfg, seed=0, split_seed=0)["metrics"]["rmse_valid"]
+    best = min(valid, key=valid.get)
+    for s in seeds:
+        row = run(AltMinConfig(method="als", dim=best[0], reg=best[1], user_reg=best[1], rating_range=rating_range,
+                               show_progress=False), s, extra={"label": "non-private ALS, tuned on validation",
+                                                               "validation_rmse_by_setting": {f"dim={d},lam={l}": v for (d, l), v in valid.items()}})
+        row["privacy"]["assumptions"].append(NONPRIVATE_TUNING)
+    for eps in args.epsilons:
+        for method in PRIVATE_METHODS:
+            for s in seeds:
+                run(AltMinConfig(method=method, epsilon=eps, rating_range=rating_range, show_progress=False), s)
+    for eps in args.epsilons:
+        for s in seeds[:args.tune_seeds]:
+            run(AltMinConfig(method="ada-dpals", epsilon=eps, rating_range=rating_range, show_progress=False), s,
+                tune="private")
+    return rows
+
+
+def part_ml100k_defaults(args) -> list[dict]:
+    path = pathlib.Path(args.data_path) if args.data_path else ML100K
+    return _defaults_rows(load_movielens(path), "ml-100k", (1.0, 5.0), args)
+
+
+def part_ml10m_calibrated_defaults(args) -> list[dict]:
+    return _defaults_rows(planted_movielens(seed=0).data, "ml10m-calibrated", (0.5, 5.0), args)
+
+
+def summarise_defaults(rows: list[dict]) -> list[dict]:
+    """Mean ± std over seeds per (data, method / label, ε), with the zero-cost baselines of the same splits."""
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["data"], r.get("label", r["method"]), r["epsilon"]), []).append(r)
+    out = []
+    for (data, label, eps), rs in groups.items():
+        m = lambda key: np.array([r["metrics"][key] for r in rs])  # noqa: E731
+        sl = np.array([r["metrics"]["sliced"]["rmse_test"] for r in rs])
+        out.append({"data": data, "label": label, "epsilon": eps, "n_seeds": len(rs),
+                    "rmse_test_mean": float(m("rmse_test").mean()), "rmse_test_std": float(m("rmse_test").std()),
+                    "rmse_zero_cost_mean": float(m("rmse_zero_cost_test").mean()),
+                    "rmse_prior_only_mean": float(m("rmse_prior_only_test").mean()),
+                    "sliced_rmse_test_mean": [float(x) for x in np.nanmean(sl, axis=0)],
+                    "dims": sorted({r["config"]["dim"] for r in rs}),
+                    "fit_seconds_mean": float(np.mean([r["timings"]["fit_seconds"] for r in rs]))})
+    return out
+
+
+def plot_defaults(summary: list[dict], name: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    datas = sorted({s["data"] for s in summary})
+    fig, axes = plt.subplots(1, len(datas), figsize=(7 * len(datas), 4.2), squeeze=False)
+    for ax, data in zip(axes[0], datas):
+        sel = [s for s in summary if s["data"] == data]
+        for label in sorted({s["label"] for s in sel if s["epsilon"] is not None}):
+            pts = sorted((s["epsilon"], s["rmse_test_mean"], s["rmse_test_std"]) for s in sel if s["label"] == label)
+            ax.errorbar([p[0] for p in pts], [p[1] for p in pts], [p[2] for p in pts], marker="o", capsize=2, label=label)
+        ref = [s for s in sel if s["epsilon"] is None]
+        for s, style in zip(ref, ("--", ":")):
+            ax.axhline(s["rmse_test_mean"], color="k", ls=style, lw=1, label=s["label"])
+        if sel:
+            ax.axhline(np.mean([s["rmse_zero_cost_mean"] for s in sel]), color="r", ls="-.", lw=1,
+                       label="zero cost: prior + own user bias")
+        ax.set_xscale("log")
+        ax.set_xlabel("epsilon (delta = 1e-5, user-level)")
+        ax.set_ylabel("test RMSE")
+        ax.set_title(f"{data}: library defaults, mean ± std over seeds", fontsize=9)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(RESULTS_DIR / f"{name}.png", dpi=110)
+
+
 SWEEP_REG_GRID = (0.25, 0.5, 1.0, 2.0, 4.0)
 SWEEP_METHODS = (("dpals-uniform", None), ("dpals-tail", None), ("ada-dpals", 0.0), ("ada-dpals", 0.25))
 
@@ -262,14 +369,32 @@ def plot(summary: list[dict], name: str) -> None:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("part", choices=["appendix-c", "ml-100k", "ml10m-synth", "ml10m-calibrated", "ml10m-synth-reg"])
+    ap.add_argument("part", choices=["ml-100k-defaults", "ml10m-calibrated-defaults", "appendix-c", "ml-100k",
+                                     "ml10m-synth", "ml10m-calibrated", "ml10m-synth-reg"])
+    ap.add_argument("--tune-seeds", type=int, default=5, help="seeds of the --tune private rows (defaults parts)")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--als-seeds", type=int, default=1, help="seeds of the non-private ALS reference row")
     ap.add_argument("--finalists", type=int, default=3,
                     help="settings (best on seed-0 validation) re-run on every seed; the best mean validation wins")
-    ap.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 5.0, 20.0])
+    ap.add_argument("--epsilons", type=float, nargs="+", default=None,
+                    help="default: 0.5 1 2 5 10 20 for the defaults parts, 1 5 20 otherwise")
     ap.add_argument("--data-path", default=None)
     args = ap.parse_args()
+    if args.part.endswith("-defaults"):
+        args.epsilons = args.epsilons or list(DEFAULT_EPSILONS)
+        part = part_ml100k_defaults if args.part == "ml-100k-defaults" else part_ml10m_calibrated_defaults
+        name = "altmin_quality_" + args.part.replace("-", "_")
+        rows = part(args)
+        summary = summarise_defaults(rows)
+        path = write_results(name, rows, summary=summary)
+        (RESULTS_DIR / f"{name}_partial.json").unlink(missing_ok=True)
+        plot_defaults(summary, name)
+        print(f"wrote {path}")
+        for s in sorted(summary, key=lambda s: (s["epsilon"] or 0, s["label"])):
+            print(f"{s['label']:<40} eps={str(s['epsilon']):<5} rmse={s['rmse_test_mean']:.4f}±{s['rmse_test_std']:.4f} "
+                  f"zero-cost={s['rmse_zero_cost_mean']:.4f} buckets={[round(x, 3) for x in s['sliced_rmse_test_mean']]}")
+        return
+    args.epsilons = args.epsilons or [1.0, 5.0, 20.0]
     part, plot_fn = {"appendix-c": (part_appendix_c, plot), "ml-100k": (part_ml100k, plot),
                      "ml10m-synth": (part_ml10m_synth, plot), "ml10m-calibrated": (part_ml10m_calibrated, plot),
                      "ml10m-synth-reg": (part_ml10m_synth_reg, plot_sweep)}[args.part]
