@@ -190,7 +190,7 @@ def part_ml10m_calibrated(args) -> list[dict]:
 
 DEFAULT_EPSILONS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0)
 PRIVATE_METHODS = ("dpals-uniform", "dpals-tail", "ada-dpals", "dpsgd-uniform", "dpsgd-tail", "ada-dpsgd")
-ALS_GRID = [(d, lam) for d in (0, 2, 4, 8, 16) for lam in (5.0, 10.0, 20.0, 40.0)]  # (dim, λ item = λ user)
+ALS_GRID = [(d, lam) for d in (4, 16, 32, 64) for lam in (0.05, 0.1, 0.2)]  # (dim, λ per rating, item = user)
 
 
 def _defaults_rows(data, name, rating_range, args) -> list[dict]:

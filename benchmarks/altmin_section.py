@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import pathlib
 
+import numpy as np
+
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 OUT = pathlib.Path(__file__).resolve().parent / "sections" / "altmin.md"
 
@@ -64,13 +66,68 @@ def _sweep_table() -> list[str]:
     return lines + [""]
 
 
+def _defaults_table(part: str, title: str) -> list[str]:
+    """Library defaults (nothing tuned) per ε beside the zero-cost and non-private rows, and the relative gains of
+    adaptive weights over uniform / tail sampling, overall and on tail buckets 0-1."""
+    res, suffix = _load(f"altmin_quality_{part}_defaults")
+    if not res:
+        return []
+    summary = res.get("summary")
+    if summary is None:  # partial file: summarise here
+        from benchmarks.altmin_quality import summarise_defaults
+        summary = summarise_defaults(res["results"])
+    eps = sorted({s["epsilon"] for s in summary if s["epsilon"] is not None})
+    cell = lambda s: f"{s['rmse_test_mean']:.4f} ± {s['rmse_test_std']:.4f}" if s else "-"  # noqa: E731
+    by = {(s["label"], s["epsilon"]): s for s in summary}
+    private = [s for s in summary if s["epsilon"] is not None]
+    n = max(s["n_seeds"] for s in summary)
+    lines = [f"### {title}: library defaults{' — PARTIAL run' if suffix else ''}", "",
+             f"`{res['command']}`, commit `{res['git_commit'][:10]}`, {res['device']}. Test RMSE, mean ± std over up to "
+             f"{n} seeds (seed s: split s and noise seed s); every private row uses the library DEFAULTS (rank, ridge, "
+             "steps from public quantities and σ; nothing tuned) and spends exactly ε at δ = 1e-5, user-level. "
+             "The zero-cost rows release nothing: the public prior (midpoint of the rating scale), and the prior plus "
+             "each user's own bias solved on the user's side. `(tuned private)`: ada-dpals with `--tune private` "
+             "(5 candidates and the choice inside the same ε).", "",
+             "| model | " + " | ".join(f"ε = {e:g}" for e in eps) + " | rank | fit s |",
+             "|---|" + "---|" * (len(eps) + 2)]
+    for label, key in (("zero cost: public prior only", "rmse_prior_only_mean"),
+                       ("zero cost: prior + each user's own bias", "rmse_zero_cost_mean")):
+        vals = [[s[key] for s in private if s["epsilon"] == e] for e in eps]
+        lines.append(f"| {label} | " + " | ".join(f"{np.mean(v):.4f}" if v else "-" for v in vals) + " | - | 0 |")
+    for label in sorted({s["label"] for s in private}):
+        rows = [by.get((label, e)) for e in eps]
+        dims = sorted({d for r in rows if r for d in r["dims"]})
+        secs = np.mean([r["fit_seconds_mean"] for r in rows if r])
+        lines.append(f"| {label} | " + " | ".join(cell(r) for r in rows) + f" | {'/'.join(map(str, dims))} | {secs:.1f} |")
+    for s in (s for s in summary if s["epsilon"] is None):
+        lines.append(f"| {s['label']} (NON-PRIVATE) | {cell(s)} (any ε) |" + " |" * (len(eps) - 1)
+                     + f" {'/'.join(map(str, s['dims']))} | {s['fit_seconds_mean']:.1f} |")
+    lines += ["", "Relative test-RMSE gain of adaptive weights (μ = 1/4) over each baseline, overall / on the tail "
+              "buckets 0-1 (items sorted by training count, 5 equal buckets); positive = adaptive better. The paper "
+              "reports ≥ 21.6% / 23.7% on ML10M buckets 0 / 1 at ε = 1.", "",
+              "| pair | " + " | ".join(f"ε = {e:g}" for e in eps) + " |", "|---|" + "---|" * len(eps)]
+    for ada, base in (("ada-dpals", "dpals-uniform"), ("ada-dpals", "dpals-tail"),
+                      ("ada-dpsgd", "dpsgd-uniform"), ("ada-dpsgd", "dpsgd-tail")):
+        cells = []
+        for e in eps:
+            a, b = by.get((ada, e)), by.get((base, e))
+            if not (a and b):
+                cells.append("-")
+                continue
+            gain = lambda x, y: 100 * (y - x) / y  # noqa: E731
+            tail = gain(np.mean(a["sliced_rmse_test_mean"][:2]), np.mean(b["sliced_rmse_test_mean"][:2]))
+            cells.append(f"{gain(a['rmse_test_mean'], b['rmse_test_mean']):+.2f}% / {tail:+.2f}%")
+        lines.append(f"| {ada} vs {base} | " + " | ".join(cells) + " |")
+    png = RESULTS / f"altmin_quality_{part}_defaults.png"
+    if png.exists():
+        lines += ["", f"![defaults vs epsilon](results/{png.name})"]
+    return lines + [""]
+
+
 def render() -> str:
-    lines = ["## Capability 1: DP alternating minimization and multi-task SSP", "",
-             "**Privacy of the tables below:** every private row's hyper-parameters (dim, ridge, and the user ridge "
-             "on ML-100K) were chosen non-privately on validation data, which is not accounted in the ε shown; "
-             "the printed ε covers the training of the chosen setting only. The accounted alternative is "
-             "`jdp.altmin.tune_private` (K candidate runs + a permute-and-flip choice on per-user-bounded "
-             "validation scores, all in one PrivacyReport).", ""]
+    lines = ["## Capability 1: DP alternating minimization and multi-task SSP", ""]
+    lines += _defaults_table("ml_100k", "MovieLens-100K (943 users)")
+    lines += _defaults_table("ml10m_calibrated", "ML10M-scale MovieLens-calibrated synthetic")
     speed, _ = _load("altmin_speed")
     if speed:
         lines += [f"### Speed at ML-20M scale (`{speed['command']}`, commit `{speed['git_commit'][:10]}`, {speed['device']})", "",
@@ -84,6 +141,15 @@ def render() -> str:
         lines += ["", "Gram GFLOP/s count useful flops 2·nnz·d² (padding excluded); the segment_sum baseline runs on "
                   "a prefix of the ratings (it is slow) and its throughput is per rating. Layouts are built once per "
                   "run (reported in the JSON) because Ω does not change across steps.", ""]
+    lines += ["### Earlier tables (model WITHOUT biases, before the defaults above)", "",
+              "The tables from here on were measured before the model had user / item biases, a public prior μ and "
+              "rank 0 (see each table's commit); they are kept for the ordering analyses and are not comparable "
+              "with the defaults tables above.", "",
+             "**Privacy of the tables below:** every private row's hyper-parameters (dim, ridge, and the user ridge "
+             "on ML-100K) were chosen non-privately on validation data, which is not accounted in the ε shown; "
+             "the printed ε covers the training of the chosen setting only. The accounted alternative is "
+             "`jdp.altmin.tune_private` (K candidate runs + a permute-and-flip choice on per-user-bounded "
+             "validation scores, all in one PrivacyReport).", ""]
     for part, title in (("appendix_c", "Appendix-C synthetic tasks (task-weighted SSP)"),
                         ("ml10m_synth", "ML10M-scale planted power-law synthetic (69,878 × 10,677, 10M ratings)"),
                         ("ml10m_calibrated", "ML10M-scale synthetic calibrated to MovieLens (`planted_movielens`, "

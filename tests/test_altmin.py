@@ -72,7 +72,7 @@ def test_default_dim_depends_on_public_sizes_and_noise_only(small):
     model = fit(train, AltMinConfig(method="dpals-uniform", epsilon=200.0, steps=1, show_progress=False))
     assert model.config.dim == default_dim(train.n_users, train.n_items, 100, model.noise_multiplier, 0.5) > 0
     assert model.item_factors.shape == (train.n_items, model.config.dim)
-    assert AltMinConfig(method="als").resolve().dim == 16
+    assert AltMinConfig(method="als").resolve().dim == 32
     with pytest.raises(ValueError, match="noise_multiplier"):
         default_dim(100, 10, 100, 0.0)
     with pytest.raises(ValueError, match="dim must be"):
@@ -98,10 +98,37 @@ def test_small_epsilon_falls_back_to_biases_and_one_step(small):
 
 def test_item_ridge_grows_with_the_noise_so_item_biases_vanish():
     cfg = AltMinConfig(method="dpals-uniform", epsilon=1.0, dim=0).resolve()
-    lams = [item_ridge(cfg, s, 943, 1682) for s in (0.1, 1.0, 10.0, 100.0)]
-    assert lams == sorted(lams) and lams[-1] / lams[-2] == pytest.approx(100, rel=0.01)  # ∝ σ² for large σ
-    with_factors = dataclasses.replace(cfg, dim=4)
-    assert item_ridge(with_factors, 1.0, 943, 1682) >= item_ridge(cfg, 1.0, 943, 1682)
+    ridge = [item_ridge(cfg, s) for s in (0.1, 1.0, 10.0, 100.0)]
+    assert all(lam == 0.0 for lam, _ in ridge)  # rank 0: no factor ridge
+    scales = [cr[1] for _, cr in ridge]  # the count-dependent part grows like σ²
+    assert scales == sorted(scales) and scales[-1] / scales[-2] == pytest.approx(100, rel=1e-4)
+    lam4, cr4 = item_ridge(dataclasses.replace(cfg, dim=4), 1.0)
+    assert lam4 > 0 and cr4[3] == pytest.approx(cfg.bias_clip**2)
+    assert item_ridge(dataclasses.replace(cfg, biases=False, dim=4), 1.0)[1] is None
+
+
+def test_count_ridge_uses_each_tasks_released_count():
+    """Per-task ridge max(lam, offset + scale / n̂_i) from the released noisy count Â_i[-1, -1] / γ₀² (std 0 here:
+    n̂_i is the exact weighted count), against a plain per-task solve."""
+    import jax
+    import jax.numpy as jnp
+    from jdp.multitask import gram
+    from jdp.multitask.ssp import solve_tasks
+    rng = np.random.default_rng(0)
+    task = np.repeat(np.arange(3), [1, 5, 40])
+    g0 = 0.5
+    x = np.concatenate([rng.normal(0, 1, (task.size, 2)), np.full((task.size, 1), g0)], axis=1).astype(np.float32)
+    y = rng.normal(0, 1, task.size).astype(np.float32)
+    plan = gram.build_plan(task, np.arange(task.size), None, 3)
+    classes, stack_index = gram.device_arrays(plan, plan.slot_values(y))
+    ridge = np.array([2.0, 30.0, 0.0, g0**2], np.float32)
+    theta = np.asarray(solve_tasks(jnp.asarray(x), classes, stack_index, jnp.asarray(plan.global_task),
+                                   jax.random.key(0), 0.0, 0.0, 1.0, noisy=True, count_ridge=ridge)[plan.flat_index])
+    for t in range(3):
+        xs, ys = x[task == t].astype(np.float64), y[task == t]
+        lam = max(1.0, 2.0 + 30.0 / max((task == t).sum(), 1.0))
+        ref = np.linalg.solve(xs.T @ xs + lam * np.eye(3), xs.T @ ys)
+        np.testing.assert_allclose(theta[t], ref, rtol=2e-4, atol=2e-5)
 
 
 def test_sharded_item_update_equals_unsharded(small):

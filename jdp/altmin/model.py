@@ -1,11 +1,16 @@
 """DP alternating minimization for matrix completion (Algorithm 3): ALS, DPALS, AdaDPALS, DPSGD, AdaDPSGD.
 
-Privacy unit: a user; neighbours add or remove ALL ratings of one user (user-level DP). Only the item
-matrix V is released. Each step (a) solves every user's embedding exactly from V and the user's own
-ratings (billboard model: no privacy cost, nothing released) and (b) updates V privately with
-task-weighted SSP (`dpals-*`, `ada-dpals`) or task-weighted noisy GD (`dpsgd-*`, `ada-dpsgd`),
-using the clipped user embeddings (‖u‖ ≤ Γ) as features and clipped centred ratings (|r| ≤ Γy) as
-labels. Budget allocation across a user's items: uniform sampling of k items, tail-biased sampling
+Model: r̂_ij = μ + b_j + c_i + u_j·v_i (`biases=False`: μ + u_j·v_i). Privacy unit: a user; neighbours
+add or remove ALL ratings of one user (user-level DP). Only the item matrix V and the item biases c are
+released (μ is a public prior unless `global_mean="private"`). Each step (a) solves every user's (u_j, b_j)
+exactly from (V, c, μ) and the user's own ratings (billboard model: no privacy cost, nothing released)
+and (b) updates [V, c] privately with task-weighted SSP (`dpals-*`, `ada-dpals`) or task-weighted noisy
+GD (`dpsgd-*`, `ada-dpsgd`), using x_j = [clip(u_j, Γ), γ₀] as features (the constant γ₀ carries the
+item bias, so ‖x_j‖ ≤ √(Γ² + γ₀²) enters the sensitivity) and the clipped residuals r − μ − b_j
+(|y| ≤ Γy) as labels. Graceful degradation is a property of the defaults: the rank comes from the
+public sizes and σ (`default_dim`: 0, biases only, when one direction's signal-to-noise is below 4) and
+the item ridge grows with the noise (`item_ridge`), so as ε shrinks the released c shrinks to 0 and
+the model tends to the zero-cost one (prior + each user's own bias, `zero_cost_model`). Budget allocation across a user's items: uniform sampling of k items, tail-biased sampling
 of the k items with the smallest private counts, or adaptive weights n̂_i^(−μ) clipped per user to
 Σ_i w_ij² ≤ k. Pre-processing (private item counts, private global mean) is accounted too: the
 PrivacyReport lists every release and composes them with dp_accounting.
@@ -56,7 +61,7 @@ class AltMinConfig:
     epsilon: float | None = 1.0          # None for 'als'
     delta: float = 1e-5
     dim: int | None = None               # rank of u·v. Private default: default_dim() from the public sizes and the
-                                         # calibrated noise (0 … 32; 0 = biases only); 'als': 16
+                                         # calibrated noise (0 … 32; 0 = biases only); 'als': 32
     steps: int | None = None             # 2 (ε≤2), 3 (ε≤10), 4 otherwise; ALS 10
     mu: float = 0.25                     # adaptive exponent (ada-*)
     budget: int = 100                    # k: per-user squared-weight budget β = k; also count_sample
@@ -80,8 +85,11 @@ class AltMinConfig:
                                          # center_fraction of ε; 'exact' ('als' default): the non-private mean
     reg: float | None = None             # item ridge λ; default noise-aware: reg_scale·2√(d+1)·std(A noise)
     reg_scale: float = 2.0
-    user_reg: float | None = None        # user ridge on u; default 1.0 (private) / 10.0 (als)
-    user_bias_reg: float | None = None   # user ridge on b_u (shrinks it to the prior μ); default 5.0 = the ratio of
+    user_reg: float | None = None        # user ridge on u; default 1.0 (private) / 0.1 per rating ('als', ALS-WR)
+    reg_per_rating: bool | None = None   # weighted-λ regularisation (ALS-WR, Zhou et al. 2008): the user ridges (and
+                                         # the 'als' item ridge) are λ·(number of ratings of the user / item).
+                                         # Default: True for 'als', False for private methods
+    user_bias_reg: float | None = None   # user ridge on b_u (shrinks it to the prior μ); per rating: user_reg; else 5.0 = the ratio of
                                          # rating noise to user-bias variance, (σ_r / σ_b)² ≈ (1 / 0.45)², in
                                          # units of the rating scale (scale-free, so public)
     count_fraction: float = 0.12         # ε share that sets the noise of the private item counts
@@ -138,7 +146,7 @@ class AltMinConfig:
         elif not (math.isfinite(global_mean) and lo <= global_mean <= hi):
             raise ValueError(f"a declared global_mean prior must lie in rating_range {self.rating_range}, got {global_mean}")
         eps = self.epsilon if self.private else math.inf
-        dim = self.dim if self.dim is not None else (None if self.private else 16)  # private: fit() → default_dim()
+        dim = self.dim if self.dim is not None else (None if self.private else 32)  # private: fit() → default_dim()
         steps = self.steps if self.steps is not None else (10 if not self.private else 2 if eps <= 2 else 3 if eps <= 10 else 4)
         if (dim is not None and dim < (0 if self.biases else 1)) or steps < 1:
             raise ValueError(f"dim must be >= {0 if self.biases else 1} (0: biases only) and steps >= 1, "
@@ -147,11 +155,16 @@ class AltMinConfig:
         check_positive(label_clip, "label_clip")
         bias_clip = check_positive(self.bias_clip if self.bias_clip is not None else (self.user_clip if self.private else 1.0),
                                    "bias_clip")
-        user_reg = check_positive(self.user_reg if self.user_reg is not None else (1.0 if self.private else 10.0),
+        per_rating = self.reg_per_rating if self.reg_per_rating is not None else not self.private
+        if per_rating and not self.biases:
+            raise ValueError("reg_per_rating needs biases=True (the counts are read off the bias column)")
+        user_reg = check_positive(self.user_reg if self.user_reg is not None else (1.0 if self.private else 0.1),
                                   "user_reg")
-        user_bias_reg = check_positive(self.user_bias_reg if self.user_bias_reg is not None else 5.0, "user_bias_reg")
+        user_bias_reg = check_positive(self.user_bias_reg if self.user_bias_reg is not None
+                                       else (user_reg if per_rating else 5.0), "user_bias_reg")
         return dataclasses.replace(self, dim=dim, steps=steps, label_clip=label_clip, user_reg=user_reg,
                                    bias_clip=bias_clip, user_bias_reg=user_bias_reg, global_mean=global_mean,
+                                   reg_per_rating=per_rating,
                                    epsilon=self.epsilon if self.private else None)
 
     @property
@@ -184,7 +197,7 @@ class AltMinModel:
     def user_factors(self, history: Interactions) -> UserEmbeddings:
         """Each user's embedding and bias solved from the release and the user's own ratings (no privacy cost)."""
         cfg = self.config
-        solver = UserSolver(history, cfg.user_reg, cfg.user_bias_reg if cfg.biases else None)
+        solver = UserSolver(history, cfg.user_reg, cfg.user_bias_reg if cfg.biases else None, cfg.reg_per_rating)
         return solver(self.item_factors, self.item_bias, self.mean)
 
     def predict(self, users: UserEmbeddings, user: np.ndarray, item: np.ndarray) -> np.ndarray:
@@ -197,8 +210,9 @@ class AltMinModel:
 def zero_cost_model(train: Interactions, cfg: AltMinConfig) -> AltMinModel:
     """The model every user gets for free: the public prior μ plus the user's own bias, solved on the user's
     side; nothing is released (empty report, ε = 0). A private model should never do worse."""
-    cfg = dataclasses.replace(cfg, dim=0, biases=True, global_mean="prior" if cfg.global_mean in (None, "private", "exact")
-                              else cfg.global_mean, method="ada-dpals", epsilon=1.0).resolve()
+    prior = cfg.global_mean if not isinstance(cfg.global_mean, (str, type(None))) else "prior"  # a declared prior
+    cfg = AltMinConfig(dim=0, rating_range=cfg.rating_range, global_mean=prior, delta=cfg.delta,
+                       show_progress=False).resolve()  # the user-side defaults only: same baseline for every config
     report = PrivacyReport(cfg.delta, unit="user", relation="add/remove all ratings of one user")
     report.assume(f"public rating scale {tuple(cfg.rating_range)}; nothing released")
     return AltMinModel(np.zeros((train.n_items, 0), np.float32), np.zeros(train.n_items, np.float32),
@@ -219,7 +233,7 @@ class UserSolver:
     labels are laid out on device each call. Users are solved in blocks of USERS_PER_BLOCK to bound memory.
     """
 
-    def __init__(self, data: Interactions, user_reg: float, user_bias_reg: float | None):
+    def __init__(self, data: Interactions, user_reg: float, user_bias_reg: float | None, per_rating: bool = False):
         n_blocks = max(1, -(-data.n_users // USERS_PER_BLOCK))
         plan = gram.build_plan(data.user, data.item, None, data.n_users, n_shards=n_blocks)
         self.classes, self.stack_index = gram.device_arrays(plan)
@@ -228,6 +242,12 @@ class UserSolver:
         self.item, self.rating = jnp.asarray(data.item), jnp.asarray(data.rating, jnp.float32)
         self.user_reg = float(user_reg)
         self.bias_column = None if user_bias_reg is None else math.sqrt(user_reg / user_bias_reg)
+        # per rating: ridge λ·n_j, the count read off the Gram's constant bias column (s² per rating)
+        self.count_ridge = None
+        if per_rating:
+            if self.bias_column is None:
+                raise ValueError("reg_per_rating needs biases=True (the count is read off the bias column)")
+            self.count_ridge = jnp.asarray([0.0, 0.0, user_reg, self.bias_column**2], jnp.float32)
 
     def __call__(self, item_factors, item_bias, mean: float) -> UserEmbeddings:
         v = jnp.asarray(item_factors, jnp.float32)
@@ -236,7 +256,8 @@ class UserSolver:
         resid = self.rating - mean - jnp.asarray(item_bias, jnp.float32)[self.item]
         classes = gram.with_labels(self.classes, self.obs_index, resid)
         coef = solve_tasks(v, classes, self.stack_index, self.global_task, jax.random.key(0), 0.0, 0.0,
-                           self.user_reg, mesh=None, noisy=False)[self.flat_index]
+                           self.user_reg if self.count_ridge is None else 1e-6, mesh=None, noisy=False,
+                           count_ridge=self.count_ridge)[self.flat_index]
         if self.bias_column is None:
             return UserEmbeddings(np.asarray(coef), np.zeros(coef.shape[0], np.float32))
         return UserEmbeddings(np.asarray(coef[:, :-1]), np.asarray(coef[:, -1] * self.bias_column))
@@ -310,26 +331,26 @@ def candidate_event(cfg: AltMinConfig, n_users: int, n_items: int) -> dp_account
     return dp_accounting.ComposedDpEvent(pre + [_training_event(cfg, sigma)])
 
 
-def item_ridge(cfg: AltMinConfig, noise_multiplier: float, n_users: int, n_items: int) -> float:
-    """Default (noise-aware) ridge λ of the private SSP item update, from public quantities only.
+def item_ridge(cfg: AltMinConfig, noise_multiplier: float) -> tuple[float, np.ndarray | None]:
+    """Default (noise-aware) ridge of the private SSP item update, from public quantities and released values only:
+    (λ, count_ridge) for `solve_tasks`.
 
-    Factors: reg_scale·2√(d+1)·std(A noise), a multiple of the noise's spectral size. Item bias: the
-    posterior-mean ridge for c_i ~ N(0, τ²) seen through an item with the average per-item budget
-    c̄ = min(n_users·k/n_items, n_users) of ratings of residual std s plus the b̂ noise (std σ√k·Γx·Γy):
-    λ_b = γ₀²·(s² + σ²k·Γy²·Γx²/(γ₀² c̄))/τ², with the scale-free public priors s = Γy/2 (residual std) and
-    τ = Γy/4 (item-bias std; on 1–5 stars: 1 and 0.5). One scalar ridge serves both: the larger. As σ
-    grows λ_b grows like σ², so the released item biases shrink to 0 and the model tends to the
-    zero-cost prior + user bias."""
+    Factors: λ = reg_scale·2√(d+1)·std(A noise), a multiple of the noise's spectral size (0 at rank 0).
+    Item bias: the posterior-mean ridge for c_i ~ N(0, τ²) seen through n_i ratings of residual std s plus
+    the b̂ noise (std σ√k·Γx·Γy): λ_i = (γ₀²s² + σ²k·Γy²·Γx²/n_i)/τ², with n_i replaced by the item's
+    RELEASED noisy weighted count Â_i[-1, -1]/γ₀² (post-processing) and the scale-free public priors
+    s = Γy/2 (residual std) and τ = Γy/4 (item-bias std; on 1–5 stars: 1 and 0.5). Item i gets
+    max(λ, λ_i). As σ grows λ_i grows like σ², so the released item biases shrink to 0 and the model
+    tends to the zero-cost prior + user bias; rarely rated items shrink most."""
     clip_x, gy, k = cfg.item_feature_bound, cfg.label_clip, cfg.budget
-    n_feat = cfg.dim + int(cfg.biases)
     std_a = noise_multiplier * math.sqrt(k) * clip_x**2
-    lam = cfg.reg_scale * 2 * math.sqrt(n_feat) * std_a if cfg.dim > 0 else 0.0
-    if cfg.biases:
-        per_item = min(n_users * k / n_items, float(n_users))
-        s2, tau2 = (gy / 2) ** 2, (gy / 4) ** 2
-        g0 = cfg.bias_clip
-        lam = max(lam, (g0**2 * s2 + noise_multiplier**2 * k * gy**2 * clip_x**2 / per_item) / tau2)
-    return lam
+    lam = cfg.reg_scale * 2 * math.sqrt(cfg.dim + int(cfg.biases)) * std_a if cfg.dim > 0 else 0.0
+    if not cfg.biases:
+        return lam, None
+    s2, tau2, g0 = (gy / 2) ** 2, (gy / 4) ** 2, cfg.bias_clip
+    count_ridge = np.array([g0**2 * s2 / tau2, noise_multiplier**2 * k * gy**2 * clip_x**2 / tau2, 0.0, g0**2],
+                           np.float32)
+    return lam, count_ridge
 
 
 def default_dim(n_users: int, n_items: int, budget: int, noise_multiplier: float, signal_share: float = 1.0) -> int:
@@ -459,20 +480,22 @@ def fit(train: Interactions, cfg: AltMinConfig, seed: int | None = None, *, tune
         global_task, flat_index = jnp.asarray(plan.global_task), jnp.asarray(plan.flat_index)
     timings["plan_seconds"] = time.perf_counter() - t1
 
-    n_feat = d + int(cfg.biases)
     if cfg.private and not is_sgd:
         std_a, std_b = sigma * math.sqrt(k) * clip_x**2, sigma * math.sqrt(k) * clip_x * gy
-        lam = cfg.reg if cfg.reg is not None else item_ridge(cfg, sigma, n_users, n_items)
+        lam, count_ridge = (cfg.reg, None) if cfg.reg is not None else item_ridge(cfg, sigma)
     else:
         std_a = std_b = 0.0
         lam = cfg.reg if cfg.reg is not None else (cfg.user_reg if not cfg.private else 1.0)
+        count_ridge = None
+        if cfg.reg_per_rating and not cfg.private and cfg.biases:  # ALS-WR: λ·n_i, n_i read off the γ₀ column
+            count_ridge, lam = np.array([0.0, 0.0, lam, gamma0**2], np.float32), 1e-6
     if is_sgd:
         sgd = NoisyGDConfig(cfg.sgd_clip, sigma if cfg.private else 1.0, cfg.sgd_inner_steps,
                             cfg.sgd_lr or 0.5, lam=lam if cfg.reg is not None else 0.0, sample_rate=cfg.sample_rate)
 
     v = cfg.init_scale * jax.random.normal(k_init, (n_items, d), jnp.float32)
     c = jnp.zeros(n_items, jnp.float32)
-    user_solver = UserSolver(train, cfg.user_reg, cfg.user_bias_reg if cfg.biases else None)
+    user_solver = UserSolver(train, cfg.user_reg, cfg.user_bias_reg if cfg.biases else None, cfg.reg_per_rating)
     step_seconds = []
     for t in tqdm(range(cfg.steps), desc=f"{cfg.method}", disable=not cfg.show_progress, leave=False):
         ts = time.perf_counter()
@@ -484,7 +507,8 @@ def fit(train: Interactions, cfg: AltMinConfig, seed: int | None = None, *, tune
         k_step = jax.random.fold_in(k_train, t)
         if not is_sgd:
             theta = solve_tasks(feats, gram.with_labels(classes, obs_index, labels), stack_index, global_task,
-                                k_step, std_a, std_b, lam, mesh=mesh, noisy=cfg.private)[flat_index]
+                                k_step, std_a, std_b, lam, mesh=mesh, noisy=cfg.private,
+                                count_ridge=count_ridge)[flat_index]
         else:
             init = jnp.concatenate([v, (c / gamma0)[:, None]], axis=1) if cfg.biases else v
             theta = _noisy_gd_run(k_step, init, item, user, feats[user], labels, jnp.asarray(weights), n_items,

@@ -66,51 +66,68 @@ def _task_noise(key, task_ids, d, std_a, std_b):
     return jax.vmap(one)(task_ids)
 
 
-def _solve_shard(feats, classes, stack_index, task_ids, key, std_a, std_b, lam, noisy):
+def _task_ridge(a, lam, count_ridge):
+    """Per-task ridge max(lam, offset + inverse / n_i + per_count·n_i), n_i = max(A_i[-1, -1] / unit, 1): the task's
+    weighted count read off its (released, when noisy) Gram through a constant last feature √unit."""
+    offset, inverse, per_count, unit = (count_ridge[i] for i in range(4))
+    n = jnp.maximum(a[:, -1, -1] / unit, 1.0)
+    return jnp.maximum(jnp.asarray(lam, a.dtype), offset + inverse / n + per_count * n)
+
+
+def _solve_shard(feats, classes, stack_index, task_ids, key, std_a, std_b, lam, count_ridge, noisy):
     """Gram (+ noise) + ridge solve for one shard's tasks -> θ [block, d]."""
     a, b = gram.shard_gram(feats, classes, stack_index)
     d = feats.shape[1]
+    if noisy:
+        na, nb = _task_noise(key, task_ids, d, std_a, std_b)
+        a, b = a + na, b + nb
+    lam = _task_ridge(a, lam, count_ridge)
     if not noisy:  # non-private reference / user solves: plain ridge by Cholesky
-        chol = jnp.linalg.cholesky(a + lam * jnp.eye(d, dtype=a.dtype))
+        chol = jnp.linalg.cholesky(a + lam[:, None, None] * jnp.eye(d, dtype=a.dtype))
         return jax.vmap(lambda c, r: jax.scipy.linalg.cho_solve((c, True), r))(chol, b)
-    na, nb = _task_noise(key, task_ids, d, std_a, std_b)
-    a, b = a + na, b + nb
     # PSD projection and ridge solve from one eigendecomposition: θ = V diag(1/(max(e,0)+λ)) Vᵀ b.
     e, v = jnp.linalg.eigh(0.5 * (a + jnp.swapaxes(a, 1, 2)))
-    coef = jnp.einsum("tji,tj->ti", v, b) / (jnp.maximum(e, 0.0) + lam)
+    coef = jnp.einsum("tji,tj->ti", v, b) / (jnp.maximum(e, 0.0) + lam[:, None])
     return jnp.einsum("tij,tj->ti", v, coef)
 
 
-def _solve_blocks(feats, classes, stack_index, global_task, key, std_a, std_b, lam, noisy):
+def _solve_blocks(feats, classes, stack_index, global_task, key, std_a, std_b, lam, count_ridge, noisy):
     """Shards one after another (lax.map over the leading axis) -> θ [S·block, d]."""
     def one(args):
         cls, si, gt = args
-        return _solve_shard(feats, cls, si, gt, key, std_a, std_b, lam, noisy)
+        return _solve_shard(feats, cls, si, gt, key, std_a, std_b, lam, count_ridge, noisy)
     out = jax.lax.map(one, (classes, stack_index, global_task))
     return out.reshape(-1, out.shape[-1])
 
 
 @functools.partial(jax.jit, static_argnames=("mesh", "noisy"))
 def solve_tasks(feats: jax.Array, classes, stack_index: jax.Array, global_task: jax.Array, key: jax.Array,
-                std_a: float, std_b: float, lam: float, mesh: Mesh | None = None, noisy: bool = True) -> jax.Array:
+                std_a: float, std_b: float, lam: float, mesh: Mesh | None = None, noisy: bool = True,
+                count_ridge: jax.Array | None = None) -> jax.Array:
     """θ for every task slot [P·block, d] (index with `plan.flat_index`).
 
     feats [rows, d] is replicated; classes/stack_index/global_task carry a leading shard axis P. With a
     mesh (axis 'tasks' of D devices, P divisible by D) each device solves its P/D shards; without one
     the shards run in turn on one device (which also bounds memory for very many tasks).
+    `count_ridge` (the last feature must be a constant γ₀): [offset, inverse, per_count, γ₀²] gives task i the
+    ridge max(lam, offset + inverse / n_i + per_count·n_i) with n_i = max(Â_i[-1, -1] / γ₀², 1) the task's
+    weighted count as the (noisy, when private) Gram holds it: e.g. a posterior ridge for a private release
+    (computed from released values only), or a ridge proportional to the count for the non-private reference.
     """
     args = (classes, stack_index, global_task)
+    if count_ridge is None:  # every task keeps lam
+        count_ridge = jnp.asarray([0.0, 0.0, 0.0, 1.0], jnp.float32)
     if mesh is None:
-        return _solve_blocks(feats, *args, key, std_a, std_b, lam, noisy)
+        return _solve_blocks(feats, *args, key, std_a, std_b, lam, count_ridge, noisy)
     spec = PartitionSpec("tasks")
 
-    def body(feats, classes, stack_index, global_task, key, std_a, std_b, lam):
-        return _solve_blocks(feats, classes, stack_index, global_task, key, std_a, std_b, lam, noisy)
+    def body(feats, classes, stack_index, global_task, key, std_a, std_b, lam, count_ridge):
+        return _solve_blocks(feats, classes, stack_index, global_task, key, std_a, std_b, lam, count_ridge, noisy)
 
     rep = PartitionSpec()
     class_specs = tuple((spec, spec, spec) for _ in classes)
-    return jax.shard_map(body, mesh=mesh, in_specs=(rep, class_specs, spec, spec, rep, rep, rep, rep),
-                         out_specs=spec, check_vma=False)(feats, *args, key, std_a, std_b, lam)
+    return jax.shard_map(body, mesh=mesh, in_specs=(rep, class_specs, spec, spec, rep, rep, rep, rep, rep),
+                         out_specs=spec, check_vma=False)(feats, *args, key, std_a, std_b, lam, count_ridge)
 
 
 def task_mesh(n_shards: int | None = None) -> Mesh | None:
