@@ -34,6 +34,7 @@ default dimension.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import pathlib
 
@@ -198,9 +199,18 @@ def _defaults_rows(data, name, rating_range, args) -> list[dict]:
     seed = s), beside: the zero-cost baselines (in every row's metrics), non-private biases (`als`, rank 0),
     non-private ALS tuned on validation (dim × λ on split 0, then every split; labelled NON-PRIVATE tuning)
     and `--tune private` for ada-dpals (every candidate and the choice inside ε)."""
-    rows, path = [], f"altmin_quality_{name.replace('-', '_')}_defaults_partial"
+    path = f"altmin_quality_{name.replace('-', '_')}_defaults_partial"
+    partial = RESULTS_DIR / f"{path}.json"
+    rows = json.loads(partial.read_text())["results"] if args.resume and partial.exists() else []
+    done = {(r.get("label", r["method"]), r["epsilon"], r["seed"]) for r in rows}
+    if rows:
+        print(f"resuming: {len(rows)} rows from {partial.name}")
 
     def run(cfg, seed, tune=None, extra=None):
+        label = (extra or {}).get("label", cfg.method + (f" (tuned {tune})" if tune else ""))
+        key = (label, cfg.epsilon if cfg.method != "als" else None, seed)
+        if key in done:  # checkpointed by an earlier, interrupted run
+            return next(r for r in rows if (r.get("label", r["method"]), r["epsilon"], r["seed"]) == key)
         row = rating_experiment(data, cfg, seed=seed, split_seed=seed, tune=tune)
         row.update(data=name, **(extra or {}))
         rows.append(row)
@@ -215,16 +225,19 @@ def _defaults_rows(data, name, rating_range, args) -> list[dict]:
     for s in seeds:  # non-private biases (rank 0, exact mean)
         run(AltMinConfig(method="als", dim=0, rating_range=rating_range, show_progress=False), s,
             extra={"label": "non-private biases"})
-    valid = {}
-    for dim, lam in ALS_GRID:
+    valid = next((r["validation_rmse_by_setting"] for r in rows if "validation_rmse_by_setting" in r), None)
+    valid = {tuple(float(x.split("=")[1]) for x in k.split(",")): v for k, v in valid.items()} if valid else {}
+    for dim, lam in ALS_GRID if not valid else ():
         cfg = AltMinConfig(method="als", dim=dim, reg=lam, user_reg=lam, rating_range=rating_range, show_progress=False)
         valid[(dim, lam)] = rating_experiment(data, cfg, seed=0, split_seed=0)["metrics"]["rmse_valid"]
     best = min(valid, key=valid.get)
+    best = (int(best[0]), best[1])
     for s in seeds:
         row = run(AltMinConfig(method="als", dim=best[0], reg=best[1], user_reg=best[1], rating_range=rating_range,
                                show_progress=False), s, extra={"label": "non-private ALS, tuned on validation",
                                                                "validation_rmse_by_setting": {f"dim={d},lam={l}": v for (d, l), v in valid.items()}})
-        row["privacy"]["assumptions"].append(NONPRIVATE_TUNING)
+        if NONPRIVATE_TUNING not in row["privacy"]["assumptions"]:
+            row["privacy"]["assumptions"].append(NONPRIVATE_TUNING)
     for eps in args.epsilons:
         for method in PRIVATE_METHODS:
             for s in seeds:
@@ -372,6 +385,7 @@ def main():
     ap.add_argument("part", choices=["ml-100k-defaults", "ml10m-calibrated-defaults", "appendix-c", "ml-100k",
                                      "ml10m-synth", "ml10m-calibrated", "ml10m-synth-reg"])
     ap.add_argument("--tune-seeds", type=int, default=5, help="seeds of the --tune private rows (defaults parts)")
+    ap.add_argument("--resume", action="store_true", help="defaults parts: keep the rows of an interrupted run")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--als-seeds", type=int, default=1, help="seeds of the non-private ALS reference row")
     ap.add_argument("--finalists", type=int, default=3,

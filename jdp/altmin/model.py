@@ -49,6 +49,7 @@ from jdp.multitask.weights import adaptive_weights, tail_sampling_weights, unifo
 from jdp.noise import clip_by_norm, seeded_key
 
 METHODS = ("als", "dpals-uniform", "dpals-tail", "ada-dpals", "dpsgd-uniform", "dpsgd-tail", "ada-dpsgd")
+COUNT_LCB = 2.0  # item_ridge: a released count enters the item-bias ridge as its lower bound n̂ − 2·(noise std)
 MIN_DIRECTION_SNR = 4.0  # default_dim: below this signal-to-noise ratio of one direction, rank 0 (biases only)
 USERS_PER_BLOCK = 16384  # user solves run in blocks of this many users to bound memory (A is d×d per user)
 
@@ -247,7 +248,7 @@ class UserSolver:
         if per_rating:
             if self.bias_column is None:
                 raise ValueError("reg_per_rating needs biases=True (the count is read off the bias column)")
-            self.count_ridge = jnp.asarray([0.0, 0.0, user_reg, self.bias_column**2], jnp.float32)
+            self.count_ridge = jnp.asarray([0.0, 0.0, user_reg, self.bias_column**2, 0.0], jnp.float32)
 
     def __call__(self, item_factors, item_bias, mean: float) -> UserEmbeddings:
         v = jnp.asarray(item_factors, jnp.float32)
@@ -338,7 +339,9 @@ def item_ridge(cfg: AltMinConfig, noise_multiplier: float) -> tuple[float, np.nd
     Factors: λ = reg_scale·2√(d+1)·std(A noise), a multiple of the noise's spectral size (0 at rank 0).
     Item bias: the posterior-mean ridge for c_i ~ N(0, τ²) seen through n_i ratings of residual std s plus
     the b̂ noise (std σ√k·Γx·Γy): λ_i = (γ₀²s² + σ²k·Γy²·Γx²/n_i)/τ², with n_i replaced by the item's
-    RELEASED noisy weighted count Â_i[-1, -1]/γ₀² (post-processing) and the scale-free public priors
+    RELEASED noisy weighted count Â_i[-1, -1]/γ₀² lowered by COUNT_LCB = 2 noise stds (a one-sided 97.7% lower
+    bound: a rarely rated item whose count came out high by noise is not under-shrunk; post-processing) and
+    the scale-free public priors
     s = Γy/2 (residual std) and τ = Γy/4 (item-bias std; on 1–5 stars: 1 and 0.5). Item i gets
     max(λ, λ_i). As σ grows λ_i grows like σ², so the released item biases shrink to 0 and the model
     tends to the zero-cost prior + user bias; rarely rated items shrink most."""
@@ -348,8 +351,9 @@ def item_ridge(cfg: AltMinConfig, noise_multiplier: float) -> tuple[float, np.nd
     if not cfg.biases:
         return lam, None
     s2, tau2, g0 = (gy / 2) ** 2, (gy / 4) ** 2, cfg.bias_clip
-    count_ridge = np.array([g0**2 * s2 / tau2, noise_multiplier**2 * k * gy**2 * clip_x**2 / tau2, 0.0, g0**2],
-                           np.float32)
+    count_noise = noise_multiplier * math.sqrt(k) * clip_x**2 / g0**2  # std of the released count Â_i[-1,-1]/γ₀²
+    count_ridge = np.array([g0**2 * s2 / tau2, noise_multiplier**2 * k * gy**2 * clip_x**2 / tau2, 0.0, g0**2,
+                            COUNT_LCB * count_noise], np.float32)
     return lam, count_ridge
 
 
@@ -393,7 +397,7 @@ def fit(train: Interactions, cfg: AltMinConfig, seed: int | None = None, *, tune
         valid: Interactions | None = None) -> AltMinModel:
     """Trains with `cfg.method` on `train` and returns the released item matrix and biases and the PrivacyReport.
 
-    `tune="private"`: picks dim / reg_scale from `jdp.altmin.tuning.public_grid(cfg)` privately
+    `tune="private"`: picks the ridge scale / budget from `jdp.altmin.tuning.public_grid(cfg)` privately
     (`tune_private`: every candidate run and the selection in one report of total cfg.epsilon), scoring
     on `valid` (default: a random 10% of the rows of `train`, split with the public split seed 0; the
     candidates are fitted on the other 90%). The returned model's report covers the whole tuning.
@@ -488,7 +492,7 @@ def fit(train: Interactions, cfg: AltMinConfig, seed: int | None = None, *, tune
         lam = cfg.reg if cfg.reg is not None else (cfg.user_reg if not cfg.private else 1.0)
         count_ridge = None
         if cfg.reg_per_rating and not cfg.private and cfg.biases:  # ALS-WR: λ·n_i, n_i read off the γ₀ column
-            count_ridge, lam = np.array([0.0, 0.0, lam, gamma0**2], np.float32), 1e-6
+            count_ridge, lam = np.array([0.0, 0.0, lam, gamma0**2, 0.0], np.float32), 1e-6
     if is_sgd:
         sgd = NoisyGDConfig(cfg.sgd_clip, sigma if cfg.private else 1.0, cfg.sgd_inner_steps,
                             cfg.sgd_lr or 0.5, lam=lam if cfg.reg is not None else 0.0, sample_rate=cfg.sample_rate)
@@ -554,7 +558,8 @@ def _fit_tuned(train: Interactions, cfg: AltMinConfig, seed: int | None, tune: s
     model = tuned.model
     model.report, model.seed = tuned.report, tuned.seed
     model.report.assume(f"rank / ridge chosen privately from a public grid of {len(tuned.configs)} "
-                        f"(candidate {tuned.index}: dim={model.config.dim}, reg_scale={model.config.reg_scale:g})")
+                        f"(candidate {tuned.index}: dim={model.config.dim}, reg_scale={model.config.reg_scale:g}, "
+                        f"budget={model.config.budget})")
     return model
 
 

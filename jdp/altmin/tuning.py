@@ -13,9 +13,11 @@ composes it exactly (usually a little less). The candidate grid must be public (
 the data), e.g. a small grid over dim, reg_scale, μ and steps.
 
 Validation score of candidate c: q_c = -Σ_users min(mean squared error of the user's validation
-ratings, B) with B = (hi - lo)², each user's embedding solved from the released item matrix and the
-user's own training ratings (billboard model). Predictions are clipped to the public rating range, so
-a user's term lies in [0, B] and enters every q_c with the same sign: monotone scores of sensitivity B.
+ratings, B), each user's embedding solved from the released item matrix and the user's own training
+ratings (billboard model). A user's term lies in [0, B] and enters every q_c with the same sign:
+monotone scores of sensitivity B. Default B = ((hi - lo)/2)², the squared half-range (4 on 1–5 stars): a
+user whose validation MSE exceeds it is truncated (the same for every candidate); a smaller B than the
+worst case (hi - lo)² makes the choice 4× sharper at the same ε_sel.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from typing import Sequence
 import dp_accounting
 import numpy as np
 
-from jdp.accounting import PrivacyReport, calibrate, check_delta, check_epsilon
+from jdp.accounting import PrivacyReport, calibrate, check_delta, check_epsilon, check_positive
 from jdp.altmin.model import AltMinConfig, AltMinModel, candidate_event, fit
 from jdp.data import Interactions
 from jdp.noise import resolve_seed, seeded_key
@@ -70,15 +72,18 @@ def run_epsilon(configs: Sequence[AltMinConfig], epsilon: float, delta: float, n
 
 def public_grid(cfg: AltMinConfig) -> tuple[AltMinConfig, ...]:
     """The default candidate grid of `fit(..., tune="private")` around `cfg`, fixed before seeing any data:
-    rank 0 (biases only), and ranks 2 and 8 each with the item ridge at reg_scale 1 and 4. Fields set in
-    `cfg` other than dim / reg_scale are kept."""
-    grid = [dataclasses.replace(cfg, dim=0)]
-    grid += [dataclasses.replace(cfg, dim=d, reg_scale=r) for d in (2, 8) for r in (1.0, 4.0)]
-    return tuple(grid)
+    `cfg` itself, the factor ridge ×1/2 and ×4, and the per-user budget k ×1/2 and ×2. Every candidate keeps
+    the rank rule of `default_dim` at its own (smaller) ε_run unless cfg sets dim, so each candidate
+    degrades gracefully on its own: even a chance choice (the selection is nearly uniform when ε_sel is
+    small) is never a model the defaults would not pick."""
+    k = cfg.budget
+    return (cfg, dataclasses.replace(cfg, reg_scale=cfg.reg_scale / 2), dataclasses.replace(cfg, reg_scale=cfg.reg_scale * 4),
+            dataclasses.replace(cfg, budget=max(1, k // 2)), dataclasses.replace(cfg, budget=2 * k))
 
 
 def tune_private(train: Interactions, valid: Interactions, configs: Sequence[AltMinConfig], *, epsilon: float,
-                 delta: float = 1e-5, selection_fraction: float = 0.1, seed: int | None = None) -> TunedModel:
+                 delta: float = 1e-5, selection_fraction: float = 0.1, seed: int | None = None,
+                 loss_bound: float | None = None) -> TunedModel:
     """Fits every config at a shared ε_run and privately selects one; see the module docstring.
 
     Every config must be private and share the rating range; their own epsilon/delta are replaced.
@@ -104,7 +109,7 @@ def tune_private(train: Interactions, valid: Interactions, configs: Sequence[Alt
     eps_run = run_epsilon(configs, epsilon - eps_sel, delta, train.n_users, train.n_items)
     report = PrivacyReport(delta, unit="user", relation="add/remove all ratings of one user (train and valid)")
     models, scores = [], []
-    bound = (hi - lo) ** 2
+    bound = check_positive(loss_bound, "loss_bound") if loss_bound is not None else ((hi - lo) / 2) ** 2
     for c, cfg in enumerate(configs):
         model = fit(train, dataclasses.replace(cfg, epsilon=eps_run, delta=delta), seed=(seed + 1 + c) % 2**63)
         for r in model.report.releases:

@@ -67,11 +67,13 @@ def _task_noise(key, task_ids, d, std_a, std_b):
 
 
 def _task_ridge(a, lam, count_ridge):
-    """Per-task ridge max(lam, offset + inverse / n_i + per_count·n_i), n_i = max(A_i[-1, -1] / unit, 1): the task's
-    weighted count read off its (released, when noisy) Gram through a constant last feature √unit."""
-    offset, inverse, per_count, unit = (count_ridge[i] for i in range(4))
-    n = jnp.maximum(a[:, -1, -1] / unit, 1.0)
-    return jnp.maximum(jnp.asarray(lam, a.dtype), offset + inverse / n + per_count * n)
+    """Per-task ridge max(lam, offset + inverse / max(n_i − shift, 1) + per_count·n_i), n_i = A_i[-1, -1] / unit: the
+    task's weighted count read off its (released, when noisy) Gram through a constant last feature √unit;
+    `shift` lowers a noisy count to a lower confidence bound."""
+    offset, inverse, per_count, unit, shift = (count_ridge[i] for i in range(5))
+    n = a[:, -1, -1] / unit
+    return jnp.maximum(jnp.asarray(lam, a.dtype),
+                       offset + inverse / jnp.maximum(n - shift, 1.0) + per_count * jnp.maximum(n, 0.0))
 
 
 def _solve_shard(feats, classes, stack_index, task_ids, key, std_a, std_b, lam, count_ridge, noisy):
@@ -109,14 +111,14 @@ def solve_tasks(feats: jax.Array, classes, stack_index: jax.Array, global_task: 
     feats [rows, d] is replicated; classes/stack_index/global_task carry a leading shard axis P. With a
     mesh (axis 'tasks' of D devices, P divisible by D) each device solves its P/D shards; without one
     the shards run in turn on one device (which also bounds memory for very many tasks).
-    `count_ridge` (the last feature must be a constant γ₀): [offset, inverse, per_count, γ₀²] gives task i the
-    ridge max(lam, offset + inverse / n_i + per_count·n_i) with n_i = max(Â_i[-1, -1] / γ₀², 1) the task's
+    `count_ridge` (the last feature must be a constant γ₀): [offset, inverse, per_count, γ₀², shift] gives task i
+    the ridge max(lam, offset + inverse / max(n_i − shift, 1) + per_count·n_i) with n_i = Â_i[-1, -1] / γ₀² the task's
     weighted count as the (noisy, when private) Gram holds it: e.g. a posterior ridge for a private release
     (computed from released values only), or a ridge proportional to the count for the non-private reference.
     """
     args = (classes, stack_index, global_task)
     if count_ridge is None:  # every task keeps lam
-        count_ridge = jnp.asarray([0.0, 0.0, 0.0, 1.0], jnp.float32)
+        count_ridge = jnp.asarray([0.0, 0.0, 0.0, 1.0, 0.0], jnp.float32)
     if mesh is None:
         return _solve_blocks(feats, *args, key, std_a, std_b, lam, count_ridge, noisy)
     spec = PartitionSpec("tasks")

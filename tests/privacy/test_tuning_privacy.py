@@ -55,7 +55,8 @@ def test_tune_private_accounts_every_candidate_and_the_choice():
     assert names[-1].startswith("hyper-parameter selection")
     assert 0.2 * 2.0 / 2 < res.run_epsilon < 2.0  # each run gets more than basic composition would give
     losses = user_validation_losses(res.model, train, valid)
-    assert losses.min() >= 0 and losses.max() <= (5.0 - 0.5) ** 2  # each user's term is within the bound
+    assert losses.min() >= 0  # each user's term is truncated at the bound ((hi - lo) / 2)² by the score
+    assert res.report.releases[-1].sensitivity == pytest.approx(((5.0 - 0.5) / 2) ** 2)
     with pytest.raises(ValueError, match="configs"):
         tune_private(train, valid, grid[:1], epsilon=2.0, seed=3)
     with pytest.raises(ValueError, match="non-private"):
@@ -74,14 +75,14 @@ def test_nonprivate_tuning_is_declared_in_benchmark_reports():
 
 
 def test_fit_tune_private_reports_the_whole_tuning():
-    """fit(tune='private') runs the public grid (rank 0 and ranks 2 / 8 × two ridges) and one report holds
-    every candidate and the choice, at most the requested ε."""
+    """fit(tune='private') runs the public grid (defaults, ridge ×1/2 / ×4, budget ×1/2 / ×2) and one report
+    holds every candidate and the choice, at most the requested ε."""
     from jdp.altmin import fit
     from jdp.altmin.tuning import public_grid
     data = planted_powerlaw(seed=0, n_users=300, n_items=50, nnz=6_000).data
     cfg = AltMinConfig(method="ada-dpals", epsilon=3.0, rating_range=(0.5, 5.0), show_progress=False)
     grid = public_grid(cfg)
-    assert [c.dim for c in grid] == [0, 2, 2, 8, 8]
+    assert [(c.reg_scale, c.budget) for c in grid] == [(2.0, 100), (1.0, 100), (8.0, 100), (2.0, 50), (2.0, 200)]
     model = fit(data, cfg, seed=1, tune="private")
     assert 2.9 <= model.report.epsilon() <= 3.0 * (1 + 1e-6)
     names = [r.name for r in model.report.releases]
