@@ -184,3 +184,21 @@ def test_cli_synthetic_movielens_data():
     assert notes == []  # generated data: sizes declared by the generator
     assert (data.n_users, data.n_items, data.nnz) == (600, 150, 12_000) and rating_range == (0.5, 5.0)
     assert np.array_equal(data.rating, planted_movielens(seed=0, n_users=600, n_items=150, nnz=12_000).data.rating)
+
+
+def test_empirical_bayes_item_bias_prior_tracks_the_item_effects():
+    """τ̂² from released (count, label sum) statistics: ≈ the true item-bias variance with strong effects, ≈ 0
+    without them (so the released biases shrink away), the public prior when no count is resolved."""
+    from jdp.altmin.model import item_bias_prior
+    cfg = AltMinConfig(method="dpals-uniform", epsilon=1.0, dim=0, rating_range=(1.0, 5.0)).resolve()
+    rng = np.random.default_rng(0)
+    sigma, k, g0 = 0.5, cfg.budget, cfg.bias_clip
+    n = rng.integers(50, 2000, 5000).astype(float)
+    count_noise, sum_noise = sigma * np.sqrt(k), sigma * np.sqrt(k) * cfg.label_clip  # in count / label units
+    for tau in (0.0, 0.4):
+        c = rng.normal(0, tau, n.size) if tau else np.zeros(n.size)
+        label_sum = c * n + rng.normal(0, 1.0, n.size) * np.sqrt(n) + rng.normal(0, sum_noise, n.size)
+        count = g0**2 * (n + rng.normal(0, count_noise, n.size))
+        tau2 = item_bias_prior(count, g0 * label_sum, cfg, sigma)
+        assert tau2 == pytest.approx(tau**2, abs=0.01)
+    assert item_bias_prior(np.full(10, g0**2 * 1.0), np.zeros(10), cfg, sigma) == pytest.approx((cfg.label_clip / 4) ** 2)

@@ -332,7 +332,31 @@ def candidate_event(cfg: AltMinConfig, n_users: int, n_items: int) -> dp_account
     return dp_accounting.ComposedDpEvent(pre + [_training_event(cfg, sigma)])
 
 
-def item_ridge(cfg: AltMinConfig, noise_multiplier: float) -> tuple[float, np.ndarray | None]:
+def item_bias_prior(count: np.ndarray, label_sum: np.ndarray, cfg: AltMinConfig, noise_multiplier: float) -> float:
+    """Empirical-Bayes item-bias variance τ̂² from ONE item update's released bias statistics (post-processing):
+    the released noisy counts n̂_i = Â_i[-1, -1]/γ₀² and label sums b̂_i[-1]/γ₀ give raw item means m_i = b̂/(γ₀n̂)
+    with sampling + noise variance v_i = s²/n̂_i + σ_b²/(γ₀n̂_i)²; τ̂² = Σ w_i(m_i² − v_i)/Σ w_i (method of moments,
+    w_i = 1/(v_i + τ₀²)², τ₀ the public prior), over items whose count is well resolved (n̂_i ≥ 4 count noise
+    stds and ≥ 10), floored at 0. On data without item effects τ̂ → 0 and the released biases shrink to 0;
+    with strong item effects the shrinkage relaxes. Falls back to the public prior τ₀² when no item qualifies.
+    `fit` uses τ̂² at rank 0 and max(τ̂², τ₀²) with factors (the per-item ridge is one scalar for all of the
+    item's coordinates, so a tiny τ̂ would also wipe out its factors)."""
+    clip_x, gy, k, g0 = cfg.item_feature_bound, cfg.label_clip, cfg.budget, cfg.bias_clip
+    s2, tau0 = (gy / 2) ** 2, (gy / 4) ** 2
+    count_noise = noise_multiplier * math.sqrt(k) * clip_x**2 / g0**2
+    sum_noise = noise_multiplier * math.sqrt(k) * clip_x * gy / g0  # std of b̂_i[-1]/γ₀
+    n_hat = np.asarray(count, np.float64) / g0**2
+    ok = n_hat >= max(10.0, 4 * count_noise)
+    if not np.any(ok):
+        return tau0
+    n_hat = n_hat[ok]
+    m = np.asarray(label_sum, np.float64)[ok] / g0 / n_hat
+    v = s2 / n_hat + (sum_noise / n_hat) ** 2
+    w = 1.0 / (v + tau0) ** 2
+    return float(max(0.0, np.sum(w * (m**2 - v)) / np.sum(w)))
+
+
+def item_ridge(cfg: AltMinConfig, noise_multiplier: float, tau2: float | None = None) -> tuple[float, np.ndarray | None]:
     """Default (noise-aware) ridge of the private SSP item update, from public quantities and released values only:
     (λ, count_ridge) for `solve_tasks`.
 
@@ -350,7 +374,8 @@ def item_ridge(cfg: AltMinConfig, noise_multiplier: float) -> tuple[float, np.nd
     lam = cfg.reg_scale * 2 * math.sqrt(cfg.dim + int(cfg.biases)) * std_a if cfg.dim > 0 else 0.0
     if not cfg.biases:
         return lam, None
-    s2, tau2, g0 = (gy / 2) ** 2, (gy / 4) ** 2, cfg.bias_clip
+    s2, g0 = (gy / 2) ** 2, cfg.bias_clip
+    tau2 = max(tau2 if tau2 is not None else (gy / 4) ** 2, 1e-6 * gy**2)  # floor: a finite ridge
     count_noise = noise_multiplier * math.sqrt(k) * clip_x**2 / g0**2  # std of the released count Â_i[-1,-1]/γ₀²
     count_ridge = np.array([g0**2 * s2 / tau2, noise_multiplier**2 * k * gy**2 * clip_x**2 / tau2, 0.0, g0**2,
                             COUNT_LCB * count_noise], np.float32)
@@ -484,6 +509,7 @@ def fit(train: Interactions, cfg: AltMinConfig, seed: int | None = None, *, tune
         global_task, flat_index = jnp.asarray(plan.global_task), jnp.asarray(plan.flat_index)
     timings["plan_seconds"] = time.perf_counter() - t1
 
+    n_feat = d + int(cfg.biases)
     if cfg.private and not is_sgd:
         std_a, std_b = sigma * math.sqrt(k) * clip_x**2, sigma * math.sqrt(k) * clip_x * gy
         lam, count_ridge = (cfg.reg, None) if cfg.reg is not None else item_ridge(cfg, sigma)
@@ -510,9 +536,21 @@ def fit(train: Interactions, cfg: AltMinConfig, seed: int | None = None, *, tune
         labels = jnp.clip(resid, -gy, gy) if cfg.private else resid
         k_step = jax.random.fold_in(k_train, t)
         if not is_sgd:
-            theta = solve_tasks(feats, gram.with_labels(classes, obs_index, labels), stack_index, global_task,
-                                k_step, std_a, std_b, lam, mesh=mesh, noisy=cfg.private,
-                                count_ridge=count_ridge)[flat_index]
+            step_classes = gram.with_labels(classes, obs_index, labels)
+            theta = solve_tasks(feats, step_classes, stack_index, global_task, k_step, std_a, std_b, lam, mesh=mesh,
+                                noisy=cfg.private, count_ridge=count_ridge, bias_stats=count_ridge is not None and cfg.private)
+            if cfg.private and count_ridge is not None and cfg.reg is None:
+                # empirical-Bayes prior from this release's bias statistics, then the same release (same key,
+                # same noise) solved again with it: post-processing
+                stats = np.asarray(theta[flat_index, -2:])
+                tau2 = item_bias_prior(stats[:, 0], stats[:, 1], cfg, sigma)
+                if d > 0:  # one scalar ridge per item also shrinks its factors: never below the public prior's
+                    tau2 = max(tau2, (gy / 4) ** 2)
+                lam, count_ridge = item_ridge(cfg, sigma, tau2)
+                theta = solve_tasks(feats, step_classes, stack_index, global_task, k_step, std_a, std_b, lam,
+                                    mesh=mesh, noisy=True, count_ridge=count_ridge, bias_stats=True)
+                timings.setdefault("item_bias_prior_std", []).append(math.sqrt(tau2))
+            theta = theta[flat_index, :n_feat] if cfg.private and count_ridge is not None else theta[flat_index]
         else:
             init = jnp.concatenate([v, (c / gamma0)[:, None]], axis=1) if cfg.biases else v
             theta = _noisy_gd_run(k_step, init, item, user, feats[user], labels, jnp.asarray(weights), n_items,

@@ -76,8 +76,8 @@ def _task_ridge(a, lam, count_ridge):
                        offset + inverse / jnp.maximum(n - shift, 1.0) + per_count * jnp.maximum(n, 0.0))
 
 
-def _solve_shard(feats, classes, stack_index, task_ids, key, std_a, std_b, lam, count_ridge, noisy):
-    """Gram (+ noise) + ridge solve for one shard's tasks -> θ [block, d]."""
+def _solve_shard(feats, classes, stack_index, task_ids, key, std_a, std_b, lam, count_ridge, noisy, stats=False):
+    """Gram (+ noise) + ridge solve for one shard's tasks -> θ [block, d] (+ 2 columns Â_i[-1, -1], b̂_i[-1] if stats)."""
     a, b = gram.shard_gram(feats, classes, stack_index)
     d = feats.shape[1]
     if noisy:
@@ -90,22 +90,23 @@ def _solve_shard(feats, classes, stack_index, task_ids, key, std_a, std_b, lam, 
     # PSD projection and ridge solve from one eigendecomposition: θ = V diag(1/(max(e,0)+λ)) Vᵀ b.
     e, v = jnp.linalg.eigh(0.5 * (a + jnp.swapaxes(a, 1, 2)))
     coef = jnp.einsum("tji,tj->ti", v, b) / (jnp.maximum(e, 0.0) + lam[:, None])
-    return jnp.einsum("tij,tj->ti", v, coef)
+    theta = jnp.einsum("tij,tj->ti", v, coef)
+    return jnp.concatenate([theta, a[:, -1, -1, None], b[:, -1, None]], axis=1) if stats else theta
 
 
-def _solve_blocks(feats, classes, stack_index, global_task, key, std_a, std_b, lam, count_ridge, noisy):
-    """Shards one after another (lax.map over the leading axis) -> θ [S·block, d]."""
+def _solve_blocks(feats, classes, stack_index, global_task, key, std_a, std_b, lam, count_ridge, noisy, stats):
+    """Shards one after another (lax.map over the leading axis) -> θ [S·block, d (+ 2)]."""
     def one(args):
         cls, si, gt = args
-        return _solve_shard(feats, cls, si, gt, key, std_a, std_b, lam, count_ridge, noisy)
+        return _solve_shard(feats, cls, si, gt, key, std_a, std_b, lam, count_ridge, noisy, stats)
     out = jax.lax.map(one, (classes, stack_index, global_task))
     return out.reshape(-1, out.shape[-1])
 
 
-@functools.partial(jax.jit, static_argnames=("mesh", "noisy"))
+@functools.partial(jax.jit, static_argnames=("mesh", "noisy", "bias_stats"))
 def solve_tasks(feats: jax.Array, classes, stack_index: jax.Array, global_task: jax.Array, key: jax.Array,
                 std_a: float, std_b: float, lam: float, mesh: Mesh | None = None, noisy: bool = True,
-                count_ridge: jax.Array | None = None) -> jax.Array:
+                count_ridge: jax.Array | None = None, bias_stats: bool = False) -> jax.Array:
     """θ for every task slot [P·block, d] (index with `plan.flat_index`).
 
     feats [rows, d] is replicated; classes/stack_index/global_task carry a leading shard axis P. With a
@@ -115,16 +116,19 @@ def solve_tasks(feats: jax.Array, classes, stack_index: jax.Array, global_task: 
     the ridge max(lam, offset + inverse / max(n_i − shift, 1) + per_count·n_i) with n_i = Â_i[-1, -1] / γ₀² the task's
     weighted count as the (noisy, when private) Gram holds it: e.g. a posterior ridge for a private release
     (computed from released values only), or a ridge proportional to the count for the non-private reference.
+    `bias_stats` (noisy path): two more columns per task, the released Â_i[-1, -1] and b̂_i[-1] (the noisy
+    count and label sum of the constant feature), for post-processing such as an empirical-Bayes prior.
     """
     args = (classes, stack_index, global_task)
     if count_ridge is None:  # every task keeps lam
         count_ridge = jnp.asarray([0.0, 0.0, 0.0, 1.0, 0.0], jnp.float32)
     if mesh is None:
-        return _solve_blocks(feats, *args, key, std_a, std_b, lam, count_ridge, noisy)
+        return _solve_blocks(feats, *args, key, std_a, std_b, lam, count_ridge, noisy, bias_stats)
     spec = PartitionSpec("tasks")
 
     def body(feats, classes, stack_index, global_task, key, std_a, std_b, lam, count_ridge):
-        return _solve_blocks(feats, classes, stack_index, global_task, key, std_a, std_b, lam, count_ridge, noisy)
+        return _solve_blocks(feats, classes, stack_index, global_task, key, std_a, std_b, lam, count_ridge, noisy,
+                             bias_stats)
 
     rep = PartitionSpec()
     class_specs = tuple((spec, spec, spec) for _ in classes)
