@@ -79,12 +79,12 @@ def test_task_weighted_ssp_four_shards_equals_one(four_devices):
 
 
 def _reference(a, b, lam, adaptive):
-    """float64: the first τ of 0, λ, 2λ, … with a + τI positive definite (0 unless adaptive), then solve."""
+    """float64: the first τ of 0, λ/4, λ/2, λ, … with a + τI positive definite (0 unless adaptive), then solve."""
     out = []
     for ai, bi in zip(a.astype(np.float64), b.astype(np.float64)):
         tau = 0.0
         while adaptive and np.linalg.eigvalsh(ai + tau * np.eye(len(bi))).min() <= 0:
-            tau = max(2 * tau, lam)
+            tau = max(2 * tau, lam / 4)
         out.append(np.linalg.solve(ai + (lam + tau) * np.eye(len(bi)), bi))
     return np.asarray(out)
 

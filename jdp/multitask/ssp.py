@@ -102,10 +102,11 @@ def _cho_solve_jnp(l, b):
 def ridge_solve(a, b, lam, adaptive: bool = False, lapack: bool = True):
     """x = (a + (λ + τ)I)⁻¹ b for a batch a [t, d, d], b [t, d], by Cholesky; τ = 0 unless `adaptive`.
 
-    `adaptive` (noisy Grams, which may be indefinite): τ_t is the first of 0, λ, 2λ, 4λ, … (capped just
-    above ‖a_t‖_F ≥ |λ_min(a_t)|) with a_t + τ_t I positive definite. So a PD a_t gets exactly the PSD-projected
-    solve (PSD(a) + λI)⁻¹ b, and an indefinite one a ridge of at least λ + |λ_min| (the projection would
-    use λ in the clamped directions): every solve's matrix has eigenvalues ≥ λ, as with the projection.
+    `adaptive` (noisy Grams, which may be indefinite): τ_t is the first of 0, λ/4, λ/2, λ, 2λ, … (capped
+    just above ‖a_t‖_F ≥ |λ_min(a_t)|) with a_t + τ_t I positive definite. So a PD a_t gets exactly the
+    PSD-projected solve (PSD(a) + λI)⁻¹ b, and an indefinite one the ridge λ + τ_t with |λ_min| < τ_t ≤
+    max(2|λ_min|, λ/4) (the projection would use λ in the clamped directions, e + λ in the others): every
+    solve's matrix has eigenvalues ≥ λ, as with the projection.
     `lapack=False` uses plain jnp ops instead of the LAPACK kernels: on CPU those batch their work on
     XLA's intra-op thread pool and then wait for it, which deadlocks when several devices of one
     process (a CPU mesh) occupy every pool thread at once. Both give the same x to float32 accuracy.
@@ -121,7 +122,7 @@ def ridge_solve(a, b, lam, adaptive: bool = False, lapack: bool = True):
 
         def retry(state):
             tau, ok, k = state
-            tau = jnp.where(ok, tau, jnp.minimum(jnp.maximum(2 * tau, lam), cap))
+            tau = jnp.where(ok, tau, jnp.minimum(jnp.maximum(2 * tau, lam / 4), cap))
             return tau, ok | is_pd(tau), k + 1
 
         tau, *_ = jax.lax.while_loop(lambda s: ~jnp.all(s[1]) & (s[2] < 64), retry, (tau, is_pd(tau), 0))
