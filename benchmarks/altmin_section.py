@@ -131,16 +131,41 @@ def render() -> str:
     speed, _ = _load("altmin_speed")
     if speed:
         lines += [f"### Speed at ML-20M scale (`{speed['command']}`, commit `{speed['git_commit'][:10]}`, {speed['device']})", "",
-                  "| d | dense matmul GFLOP/s | Gram build s | Gram GFLOP/s (% of dense) | segment_sum GFLOP/s (% of dense) | speed-up vs segment_sum | full AdaDPALS step s | user solves s |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| d | dense matmul GFLOP/s | Gram build s | Gram GFLOP/s (% of dense) | segment_sum GFLOP/s (% of dense) | "
+                  "speed-up vs segment_sum | full AdaDPALS step s | same step, eigh PSD solve (before) s | user solves s |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for r in speed["results"]:
+            old = r.get("adadpals_step_seconds_eigh_psd")
+            old_s = "-" if old is None else f"{old:.1f} ({old / r['adadpals_step_seconds']:.1f}× slower)"
             lines.append(f"| {r['d']} | {r['dense_matmul_gflops']:.1f} | {r['gram_seconds']:.2f} | {r['gram_gflops']:.1f} "
                          f"({100 * r['gram_fraction_of_dense']:.0f}%) | {r['segment_sum_gflops']:.2f} "
                          f"({100 * r['segment_sum_fraction_of_dense']:.1f}%) | {r['speedup_vs_segment_sum']:.0f}× | "
-                         f"{r['adadpals_step_seconds']:.1f} | {r['user_solve_seconds']:.1f} |")
+                         f"{r['adadpals_step_seconds']:.1f} | {old_s} | {r['user_solve_seconds']:.1f} |")
+        parts = [r for r in speed["results"] if "breakdown_seconds" in r]
+        if parts:
+            names = list(parts[0]["breakdown_seconds"])
+            lines += ["", "Where a step goes (each part timed alone in the same run, seconds):", "",
+                      "| d | " + " | ".join(n.replace("_", " ") for n in names) + " |", "|---|" + "---|" * len(names)]
+            for r in parts:
+                lines.append(f"| {r['d']} | " + " | ".join(f"{r['breakdown_seconds'][n]:.2f}" for n in names) + " |")
         lines += ["", "Gram GFLOP/s count useful flops 2·nnz·d² (padding excluded); the segment_sum baseline runs on "
                   "a prefix of the ratings (it is slow) and its throughput is per rating. Layouts are built once per "
-                  "run (reported in the JSON) because Ω does not change across steps.", ""]
+                  "run (reported in the JSON) because Ω does not change across steps. The 'before' column swaps only the "
+                  "private item solve back to the PSD projection by `eigh` (`benchmarks/altmin_solver.py`), same run.", ""]
+    solver, _ = _load("altmin_solver")
+    if solver:
+        lines += [f"### Private item solve: Cholesky (adaptive ridge) vs the PSD projection by eigh it replaced", "",
+                  f"`{solver['command']}`, commit `{solver['git_commit'][:10]}`, {solver['device']}. AdaDPALS, default "
+                  "dim; both solvers see the same noisy Grams (same seeds). Test RMSE mean ± std over seeds, and the "
+                  "tail bucket's RMSE.", "",
+                  "| data | ε | reg_scale | seeds | Cholesky, adaptive ridge | eigh, PSD projection | tail: Cholesky | tail: eigh |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for c in solver["summary"]:
+            a, b = c["cholesky-adaptive-ridge"], c["eigh-psd-projection"]
+            lines.append(f"| {c['data']} | {c['epsilon']:g} | {c['reg_scale']:g} | {a['n_seeds']} | "
+                         f"{a['rmse_test_mean']:.4f} ± {a['rmse_test_std']:.4f} | {b['rmse_test_mean']:.4f} ± {b['rmse_test_std']:.4f} | "
+                         f"{a['rmse_tail_mean']:.3f} | {b['rmse_tail_mean']:.3f} |")
+        lines.append("")
     lines += ["### Earlier tables (model WITHOUT biases, before the defaults above)", "",
               "The tables from here on were measured before the model had user / item biases, a public prior μ and "
               "rank 0 (see each table's commit); they are kept for the ordering analyses and are not comparable "

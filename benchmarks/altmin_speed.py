@@ -2,7 +2,10 @@
 
 Everything is measured in one process, side by side: the dense-matmul throughput of this device
 (the yardstick), the bucketed Gram build, the plain per-observation segment_sum baseline, and a full
-AdaDPALS step (exact user solves for all users + private item update: Gram, noise, PSD ridge solve).
+AdaDPALS step (exact user solves for all users + private item update: Gram, noise, ridge solve), with
+the item solve of `jdp` (Cholesky, adaptive ridge) and, for `--eigh-dims`, the PSD projection by
+eigendecomposition it replaced; plus where the step's time goes (user Gram, user solves, item Gram,
+Gram noise, item solve).
 
     PYTHONPATH=. python -m benchmarks.altmin_speed            # ML-20M size, d = 64 and 128
     PYTHONPATH=. python -m benchmarks.altmin_speed --quick    # small smoke run
@@ -17,11 +20,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks.altmin_solver import psd_eigh_solve
 from benchmarks.common import write_results
 from jdp.altmin.model import UserSolver
 from jdp.data import planted_powerlaw
-from jdp.multitask import gram
-from jdp.multitask.ssp import solve_tasks
+from jdp.multitask import gram, ssp
+from jdp.multitask.ssp import _task_noise, ridge_solve, solve_tasks
 from jdp.multitask.weights import adaptive_weights
 from jdp.noise import clip_by_norm
 
@@ -46,6 +50,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--dims", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--eigh-dims", type=int, nargs="*", default=[64],
+                    help="dims at which to time the step with the replaced eigh solve too (it is slow)")
     ap.add_argument("--baseline-ratings", type=int, default=1_000_000,
                     help="segment_sum baseline runs on this many ratings (it is slow); GFLOP/s are comparable")
     args = ap.parse_args()
@@ -80,6 +86,8 @@ def main():
         t_base = timed(base, repeats=1)
         # full AdaDPALS step: user solves + private item update
         gt = jnp.asarray(plan.global_task)
+        std_a, std_b = 80.0, 180.0
+        lam = 2.0 * 2 * math.sqrt(d) * std_a  # fit()'s default item ridge (reg_scale 2)
 
         t = time.perf_counter()
         users = UserSolver(data, 3.5, 1.0)  # layout built once per run, like the item plan
@@ -87,10 +95,31 @@ def main():
 
         def step():
             uu = clip_by_norm(users(v), 1.0)
-            return solve_tasks(uu, classes, stack_index, gt, jax.random.key(3), 80.0, 180.0, 900.0, mesh=None, noisy=True)
+            return solve_tasks(uu, classes, stack_index, gt, jax.random.key(3), std_a, std_b, lam, mesh=None, noisy=True)
 
         t_step = timed(step, repeats=2)
         t_users = timed(lambda: users(v), repeats=2)
+        t_step_eigh = None
+        if d in args.eigh_dims:  # the same step with the replaced solver, measured in the same run
+            ssp.ridge_solve = psd_eigh_solve
+            jax.clear_caches()
+            t_step_eigh = timed(step, repeats=1)
+            ssp.ridge_solve = ridge_solve
+            jax.clear_caches()
+        # where the step goes
+        user_gram = jax.jit(lambda f: gram.gram_unsharded(f, users.classes, users.stack_index))
+        t_user_gram = timed(lambda: user_gram(jnp.asarray(v)), repeats=2)
+        ua, ub = user_gram(jnp.asarray(v))
+        user_solve = jax.jit(lambda a, b: ridge_solve(a, b, 1.0))
+        t_user_solve = timed(lambda: user_solve(ua, ub), repeats=2)
+        del ua, ub
+        noise = jax.jit(lambda k: _task_noise(k, gt[0], d, std_a, std_b))
+        t_noise = timed(lambda: noise(jax.random.key(4)), repeats=2)
+        ia, ib = gram_fn(u)
+        noise_a, noise_b = noise(jax.random.key(4))
+        item_solve = jax.jit(lambda a, b: ridge_solve(a, b, lam, adaptive=True))
+        t_item_solve = timed(lambda: item_solve(ia + noise_a, ib + noise_b), repeats=2)
+        del ia, ib, noise_a, noise_b
         row = {
             "d": d, "n_users": data.n_users, "n_items": data.n_items, "nnz": data.nnz,
             "dense_matmul_gflops": peak,
@@ -100,6 +129,9 @@ def main():
             "segment_sum_fraction_of_dense": 2 * nb * d * d / t_base / 1e9 / peak,
             "speedup_vs_segment_sum": (t_base / nb) / (t_gram / data.nnz),
             "adadpals_step_seconds": t_step, "user_solve_seconds": t_users,
+            "adadpals_step_seconds_eigh_psd": t_step_eigh, "item_ridge": lam, "gram_noise_std": std_a,
+            "breakdown_seconds": {"user_gram": t_user_gram, "user_cholesky_solve": t_user_solve, "item_gram": t_gram,
+                                  "item_gram_noise": t_noise, "item_cholesky_adaptive_solve": t_item_solve},
             "item_plan_seconds_once": plan_seconds, "user_plan_seconds_once": user_plan_seconds, "padding_factor": plan.padded_rows / data.nnz,
         }
         rows.append(row)

@@ -108,8 +108,8 @@ def test_item_ridge_grows_with_the_noise_so_item_biases_vanish():
 
 
 def test_count_ridge_uses_each_tasks_released_count():
-    """Per-task ridge max(lam, offset + scale / n̂_i) from the released noisy count Â_i[-1, -1] / γ₀² (std 0 here:
-    n̂_i is the exact weighted count), against a plain per-task solve."""
+    """Per-task ridge max(lam, offset + inverse / n_i) from the count Â_i[-1, -1] / γ₀² read off the Gram (exact here;
+    the private path reads the released noisy one the same way), against a plain per-task solve."""
     import jax
     import jax.numpy as jnp
     from jdp.multitask import gram
@@ -123,7 +123,7 @@ def test_count_ridge_uses_each_tasks_released_count():
     classes, stack_index = gram.device_arrays(plan, plan.slot_values(y))
     ridge = np.array([2.0, 30.0, 0.0, g0**2, 0.0], np.float32)
     theta = np.asarray(solve_tasks(jnp.asarray(x), classes, stack_index, jnp.asarray(plan.global_task),
-                                   jax.random.key(0), 0.0, 0.0, 1.0, noisy=True, count_ridge=ridge)[plan.flat_index])
+                                   jax.random.key(0), 0.0, 0.0, 1.0, noisy=False, count_ridge=ridge)[plan.flat_index])
     for t in range(3):
         xs, ys = x[task == t].astype(np.float64), y[task == t]
         lam = max(1.0, 2.0 + 30.0 / max((task == t).sum(), 1.0))

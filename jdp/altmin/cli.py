@@ -68,7 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tune", choices=["none", "private"], default="none",
                    help="private: choose rank / item ridge from a small public grid with a DP selection on the "
                         "validation ratings; the report covers every candidate run and the choice")
-    p.add_argument("--n-shards", type=int, default=1, help="devices for the item update (0 = all local devices)")
+    p.add_argument("--n-shards", type=int, default=0, help="devices for the item update (0 = all local devices)")
     p.add_argument("--synthetic-size", type=int, nargs=3, metavar=("USERS", "ITEMS", "RATINGS"),
                    default=(20_000, 2_000, 1_000_000))
     p.add_argument("--n-users", type=int, default=None,

@@ -103,10 +103,8 @@ class AltMinConfig:
     init_scale: float = 0.1
     rescale_items: bool = True           # rescale released V to mean row norm 1 after each update (public
                                          # post-processing) so user_reg has the same meaning at every step
-    n_shards: int | None = 1             # devices for the item update (None: all local devices). Default 1:
-                                         # with several *fake* CPU devices on a 2-core host, LAPACK calls
-                                         # inside shard_map were seen to deadlock in jax 0.10; on real
-                                         # multi-device hosts pass n_shards=None.
+    n_shards: int | None = None          # devices for the item update (ALS / SSP methods); None: all local
+                                         # devices (one device: no mesh). Results do not depend on it.
     merge_duplicates: bool = False       # opt-in: merge duplicate (user, item) rows into their mean rating
                                          # (Interactions.merge_duplicates) before anything private runs;
                                          # False: duplicates raise ValueError
@@ -495,9 +493,8 @@ def fit(train: Interactions, cfg: AltMinConfig, seed: int | None = None, *, tune
     # labels y_ij = clip(r_ij − μ − b_j, Γy); θ_i = [v_i, c_i / γ₀]. ‖x_j‖ ≤ clip_x = √(Γ² + γ₀²) is the
     # feature bound of the SSP / noisy-GD sensitivity analysis.
     t1 = time.perf_counter()
-    # Private SSP item updates shard across devices. The non-private ALS reference runs on one device:
-    # its Cholesky path inside shard_map hung with several (fake) CPU devices in jax 0.10.
-    mesh = task_mesh(cfg.n_shards) if cfg.private and cfg.method.startswith(("dpals", "ada-dpals")) else None
+    # Item updates by ridge solve (ALS, SSP) shard across devices.
+    mesh = task_mesh(cfg.n_shards) if cfg.method.startswith(("als", "dpals", "ada-dpals")) else None
     d = cfg.dim
     is_sgd = "sgd" in cfg.method
     rating = jnp.asarray(train.rating, jnp.float32)

@@ -11,8 +11,12 @@ feature and label is at its maximum, whatever the directions of the x_ij. This n
 most ONCE per user: c copies of (i, j) add c·w x xᵀ to ONE block, i.e. √c times the bound for the
 same Σ w² (the copies are perfectly aligned), so duplicate (task, user) pairs are rejected
 (`jdp.data.check_unique_pairs`). Â = A + Γx²√β·σ·Ξ (Ξ symmetric, iid upper triangle) and
-b̂ = b + Γx·Γy·√β·σ·ξ are two Gaussian releases with noise multiplier σ. θ̂_i = (PSD(Â_i) + λI)⁻¹ b̂_i
-is post-processing. The regulariser λ is data-independent (unlike the paper's Σ_j w_ij λ).
+b̂ = b + Γx·Γy·√β·σ·ξ are two Gaussian releases with noise multiplier σ. θ̂_i = (Â_i + λ_i I)⁻¹ b̂_i is
+post-processing: λ_i = λ when Â_i is positive definite (then θ̂_i IS the paper's (PSD(Â_i) + λI)⁻¹ b̂_i),
+otherwise a larger ridge λ + τ_i with τ_i > |λ_min(Â_i)| found by Cholesky tests on the released Â_i
+(`ridge_solve`). This replaces the paper's PSD projection (clamp Â's negative eigenvalues, then solve):
+an eigendecomposition per task costs ~100× a Cholesky on CPU. The regulariser λ is data-independent
+(unlike the paper's Σ_j w_ij λ).
 
 Noise for task i is drawn from `fold_in(key, i)`, so results do not depend on how tasks are sharded.
 """
@@ -25,7 +29,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jdp.accounting import PrivacyReport, check_positive
 from jdp.data.interactions import check_unique_pairs
@@ -58,10 +62,12 @@ def record_ssp_releases(report: PrivacyReport, noise_multiplier: float, beta: fl
 
 def _task_noise(key, task_ids, d, std_a, std_b):
     """Symmetric Gram noise [t, d, d] and rhs noise [t, d], keyed by global task id."""
+    rows, cols = np.triu_indices(d)
+
     def one(t):
         ka, kb = jax.random.split(jax.random.fold_in(key, t))
-        z = jax.random.normal(ka, (d, d))
-        sym = jnp.triu(z) + jnp.triu(z, 1).T
+        z = jax.random.normal(ka, (rows.size,))  # the upper triangle only: half the random bits
+        sym = jnp.zeros((d, d)).at[rows, cols].set(z).at[cols, rows].set(z)
         return std_a * sym, std_b * jax.random.normal(kb, (d,))
     return jax.vmap(one)(task_ids)
 
@@ -76,34 +82,85 @@ def _task_ridge(a, lam, count_ridge):
                        offset + inverse / jnp.maximum(n - shift, 1.0) + per_count * jnp.maximum(n, 0.0))
 
 
-def _solve_shard(feats, classes, stack_index, task_ids, key, std_a, std_b, lam, count_ridge, noisy, stats=False):
+def _cholesky_jnp(m):
+    """Batched Cholesky [t, n, n] -> lower L from plain jnp ops (one loop step per column); NaN where m
+    is not positive definite, like LAPACK's."""
+    n = m.shape[-1]
+    below = jnp.arange(n)[:, None] >= jnp.arange(n)[None, :]
+
+    def column(j, l):
+        c = m[:, :, j] - jnp.einsum("tik,tk->ti", l, l[:, j, :])  # columns ≥ j of l are still 0
+        c = jnp.where(below[:, j], c, 0.0) / jnp.sqrt(c[:, j])[:, None]
+        return l.at[:, :, j].set(c)
+    return jax.lax.fori_loop(0, n, column, jnp.zeros_like(m))
+
+
+def _cho_solve_jnp(l, b):
+    """Solves L Lᵀ x = b for batched lower L [t, n, n], b [t, n] by substitution."""
+    n = b.shape[-1]
+
+    def fwd(j, y):
+        return y.at[:, j].set((b[:, j] - jnp.einsum("tk,tk->t", l[:, j, :], y)) / l[:, j, j])
+
+    def bwd(i, x):
+        j = n - 1 - i
+        return x.at[:, j].set((y[:, j] - jnp.einsum("tk,tk->t", l[:, :, j], x)) / l[:, j, j])
+    y = jax.lax.fori_loop(0, n, fwd, jnp.zeros_like(b))
+    return jax.lax.fori_loop(0, n, bwd, jnp.zeros_like(b))
+
+
+def ridge_solve(a, b, lam, adaptive: bool = False, lapack: bool = True):
+    """x = (a + (λ + τ)I)⁻¹ b for a batch a [t, d, d], b [t, d], by Cholesky; τ = 0 unless `adaptive`.
+
+    `adaptive` (noisy Grams, which may be indefinite): τ_t is the first of 0, λ/4, λ/2, λ, 2λ, … (capped
+    just above ‖a_t‖_F ≥ |λ_min(a_t)|) with a_t + τ_t I positive definite. So a PD a_t gets exactly the
+    PSD-projected solve (PSD(a) + λI)⁻¹ b, and an indefinite one the ridge λ + τ_t with |λ_min| < τ_t ≤
+    max(2|λ_min|, λ/4) (the projection would use λ in the clamped directions, e + λ in the others): every
+    solve's matrix has eigenvalues ≥ λ, as with the projection.
+    `lapack=False` uses plain jnp ops instead of the LAPACK kernels: on CPU those batch their work on
+    XLA's intra-op thread pool and then wait for it, which deadlocks when several devices of one
+    process (a CPU mesh) occupy every pool thread at once. Both give the same x to float32 accuracy.
+    """
+    eye = jnp.eye(a.shape[-1], dtype=a.dtype)
+    cholesky = jnp.linalg.cholesky if lapack else _cholesky_jnp
+    tau = jnp.zeros(a.shape[:1], a.dtype)
+    if adaptive:
+        def is_pd(tau):
+            return jnp.all(jnp.isfinite(cholesky(a + tau[:, None, None] * eye)), axis=(1, 2))
+
+        cap = jnp.sqrt(jnp.sum(a * a, axis=(1, 2))) * (1 + 1e-3) + 1e-3 * lam
+
+        def retry(state):
+            tau, ok, k = state
+            tau = jnp.where(ok, tau, jnp.minimum(jnp.maximum(2 * tau, lam / 4), cap))
+            return tau, ok | is_pd(tau), k + 1
+
+        tau, *_ = jax.lax.while_loop(lambda s: ~jnp.all(s[1]) & (s[2] < 64), retry, (tau, is_pd(tau), 0))
+    l = cholesky(a + (lam + tau)[:, None, None] * eye)
+    if lapack:
+        return jax.vmap(lambda c, r: jax.scipy.linalg.cho_solve((c, True), r))(l, b)
+    return _cho_solve_jnp(l, b)
+
+
+def _solve_shard(feats, classes, stack_index, task_ids, key, std_a, std_b, lam, count_ridge, noisy, lapack, stats):
     """Gram (+ noise) + ridge solve for one shard's tasks -> θ [block, d] (+ 2 columns Â_i[-1, -1], b̂_i[-1] if stats)."""
     a, b = gram.shard_gram(feats, classes, stack_index)
-    d = feats.shape[1]
     if noisy:
-        na, nb = _task_noise(key, task_ids, d, std_a, std_b)
+        na, nb = _task_noise(key, task_ids, feats.shape[1], std_a, std_b)
         a, b = a + na, b + nb
-    lam = _task_ridge(a, lam, count_ridge)
-    if not noisy:  # non-private reference / user solves: plain ridge by Cholesky
-        chol = jnp.linalg.cholesky(a + lam[:, None, None] * jnp.eye(d, dtype=a.dtype))
-        return jax.vmap(lambda c, r: jax.scipy.linalg.cho_solve((c, True), r))(chol, b)
-    # PSD projection and ridge solve from one eigendecomposition: θ = V diag(1/(max(e,0)+λ)) Vᵀ b.
-    e, v = jnp.linalg.eigh(0.5 * (a + jnp.swapaxes(a, 1, 2)))
-    coef = jnp.einsum("tji,tj->ti", v, b) / (jnp.maximum(e, 0.0) + lam[:, None])
-    theta = jnp.einsum("tij,tj->ti", v, coef)
+    theta = ridge_solve(a, b, _task_ridge(a, lam, count_ridge), adaptive=noisy, lapack=lapack)
     return jnp.concatenate([theta, a[:, -1, -1, None], b[:, -1, None]], axis=1) if stats else theta
 
 
-def _solve_blocks(feats, classes, stack_index, global_task, key, std_a, std_b, lam, count_ridge, noisy, stats):
+def _solve_blocks(feats, classes, stack_index, global_task, key, std_a, std_b, lam, count_ridge, noisy, lapack, stats):
     """Shards one after another (lax.map over the leading axis) -> θ [S·block, d (+ 2)]."""
     def one(args):
         cls, si, gt = args
-        return _solve_shard(feats, cls, si, gt, key, std_a, std_b, lam, count_ridge, noisy, stats)
+        return _solve_shard(feats, cls, si, gt, key, std_a, std_b, lam, count_ridge, noisy, lapack, stats)
     out = jax.lax.map(one, (classes, stack_index, global_task))
     return out.reshape(-1, out.shape[-1])
 
 
-@functools.partial(jax.jit, static_argnames=("mesh", "noisy", "bias_stats"))
 def solve_tasks(feats: jax.Array, classes, stack_index: jax.Array, global_task: jax.Array, key: jax.Array,
                 std_a: float, std_b: float, lam: float, mesh: Mesh | None = None, noisy: bool = True,
                 count_ridge: jax.Array | None = None, bias_stats: bool = False) -> jax.Array:
@@ -111,24 +168,38 @@ def solve_tasks(feats: jax.Array, classes, stack_index: jax.Array, global_task: 
 
     feats [rows, d] is replicated; classes/stack_index/global_task carry a leading shard axis P. With a
     mesh (axis 'tasks' of D devices, P divisible by D) each device solves its P/D shards; without one
-    the shards run in turn on one device (which also bounds memory for very many tasks).
+    the shards run in turn on one device (which also bounds memory for very many tasks). Sharded
+    results come back to the device(s) of `feats`, so a training loop keeps one input layout (and one
+    compilation) from step to step.
     `count_ridge` (the last feature must be a constant γ₀): [offset, inverse, per_count, γ₀², shift] gives task i
     the ridge max(lam, offset + inverse / max(n_i − shift, 1) + per_count·n_i) with n_i = Â_i[-1, -1] / γ₀² the task's
     weighted count as the (noisy, when private) Gram holds it: e.g. a posterior ridge for a private release
     (computed from released values only), or a ridge proportional to the count for the non-private reference.
-    `bias_stats` (noisy path): two more columns per task, the released Â_i[-1, -1] and b̂_i[-1] (the noisy
-    count and label sum of the constant feature), for post-processing such as an empirical-Bayes prior.
+    `bias_stats`: two more columns per task, Â_i[-1, -1] and b̂_i[-1] (the released noisy count and label sum
+    of the constant feature), for post-processing such as an empirical-Bayes prior.
     """
-    args = (classes, stack_index, global_task)
     if count_ridge is None:  # every task keeps lam
         count_ridge = jnp.asarray([0.0, 0.0, 0.0, 1.0, 0.0], jnp.float32)
+    args = (feats, classes, stack_index, global_task, key, std_a, std_b, lam, count_ridge)
+    if mesh is None or isinstance(feats, jax.core.Tracer):
+        return _solve_tasks(*args, mesh=mesh, noisy=noisy, stats=bias_stats)
+    home = feats.sharding if isinstance(feats, jax.Array) else jax.devices()[0]
+    feats = jax.device_put(feats, NamedSharding(mesh, PartitionSpec()))
+    out = _solve_tasks(feats, *args[1:], mesh=mesh, noisy=noisy, stats=bias_stats)
+    return jax.device_put(out, home)
+
+
+@functools.partial(jax.jit, static_argnames=("mesh", "noisy", "stats"))
+def _solve_tasks(feats, classes, stack_index, global_task, key, std_a, std_b, lam, count_ridge, mesh, noisy, stats):
+    args = (classes, stack_index, global_task)
     if mesh is None:
-        return _solve_blocks(feats, *args, key, std_a, std_b, lam, count_ridge, noisy, bias_stats)
+        return _solve_blocks(feats, *args, key, std_a, std_b, lam, count_ridge, noisy, True, stats)
     spec = PartitionSpec("tasks")
+    lapack = mesh.devices.flat[0].platform != "cpu"  # see ridge_solve: LAPACK deadlocks on a CPU mesh
 
     def body(feats, classes, stack_index, global_task, key, std_a, std_b, lam, count_ridge):
         return _solve_blocks(feats, classes, stack_index, global_task, key, std_a, std_b, lam, count_ridge, noisy,
-                             bias_stats)
+                             lapack, stats)
 
     rep = PartitionSpec()
     class_specs = tuple((spec, spec, spec) for _ in classes)
@@ -158,12 +229,13 @@ def check_user_budget(user: np.ndarray, weights: np.ndarray, n_users: int, beta:
 def task_weighted_ssp(key: jax.Array, task: np.ndarray, user: np.ndarray, x: np.ndarray, y: np.ndarray,
                       weights: np.ndarray, n_tasks: int, n_users: int, *, beta: float, clip_x: float,
                       clip_y: float, noise_multiplier: float, lam: float, report: PrivacyReport | None = None,
-                      n_shards: int | None = 1) -> jax.Array:
+                      n_shards: int | None = None) -> jax.Array:
     """Algorithm 1 over observations (task i, user j, features x_ij [nnz, d], label y_ij, weight w_ij).
 
     Returns θ̂ [n_tasks, d]. Features are clipped to ‖x‖ ≤ clip_x and labels to |y| ≤ clip_y before
     accumulation; weights must satisfy the per-user budget β (see `jdp.multitask.weights`). The two
-    Gaussian releases are recorded in `report`.
+    Gaussian releases are recorded in `report`. Tasks are sharded over `n_shards` local devices (None:
+    all of them); the result does not depend on the number.
     """
     x = np.asarray(x, np.float32)
     y = np.asarray(y, np.float32)
