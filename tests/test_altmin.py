@@ -91,6 +91,9 @@ def test_small_epsilon_falls_back_to_biases_and_one_step(small):
     assert np.all(np.isfinite(model.item_bias)) and np.any(model.item_bias != 0)
     assert model.report.epsilon() == pytest.approx(0.5, rel=1e-3)
     assert compute_epsilon(candidate_event(cfg, train.n_users, train.n_items), 1e-5) == pytest.approx(0.5, rel=1e-3)
+    # noisy GD defaults to biases only at any ε (it does not learn factors in its default steps)
+    sgd = fit(train, AltMinConfig(method="dpsgd-uniform", epsilon=1e3, show_progress=False), seed=0)
+    assert sgd.config.dim == 0 and sgd.config.steps == 1
     # the SSP feature bound is γ₀ alone at rank 0 (no u_j in the features)
     a = [r for r in model.report.releases if r.name.endswith("A (Gram)")][0]
     assert a.sensitivity == pytest.approx(10.0 * model.config.bias_clip**2)
