@@ -87,7 +87,7 @@ def _defaults_table(part: str, title: str) -> list[str]:
              "steps from public quantities and σ; nothing tuned) and spends exactly ε at δ = 1e-5, user-level. "
              "The zero-cost rows release nothing: the public prior (midpoint of the rating scale), and the prior plus "
              "each user's own bias solved on the user's side. `(tuned private)`: ada-dpals with `--tune private` "
-             "(5 candidates and the choice inside the same ε).", "",
+             "(5 candidates and the choice inside the same ε)." + (f" Note: {res['note']}" if res.get("note") else ""), "",
              "| model | " + " | ".join(f"ε = {e:g}" for e in eps) + " | rank | fit s |",
              "|---|" + "---|" * (len(eps) + 2)]
     for label, key in (("zero cost: public prior only", "rmse_prior_only_mean"),

@@ -66,7 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=None, help="alternating steps (default depends on ε)")
     p.add_argument("--budget", type=int, default=100, help="per-user budget k (Σ_i w_ij² ≤ k)")
     p.add_argument("--tune", choices=["none", "private"], default="none",
-                   help="private: choose rank / item ridge from a small public grid with a DP selection on the "
+                   help="private: choose the item ridge / budget from a small public grid with a DP selection on the "
                         "validation ratings; the report covers every candidate run and the choice")
     p.add_argument("--n-shards", type=int, default=0, help="devices for the item update (0 = all local devices)")
     p.add_argument("--synthetic-size", type=int, nargs=3, metavar=("USERS", "ITEMS", "RATINGS"),
