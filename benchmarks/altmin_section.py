@@ -87,7 +87,7 @@ def render() -> str:
         parts = [r for r in speed["results"] if "breakdown_seconds" in r]
         if parts:
             names = list(parts[0]["breakdown_seconds"])
-            lines += ["", "Where a step goes (each part timed alone in the same run, seconds):", "",
+            lines += ["", "Where a step goes (seconds, same run; each part timed alone, except the user Cholesky + substitution = user solves − user Gram):", "",
                       "| d | " + " | ".join(n.replace("_", " ") for n in names) + " |", "|---|" + "---|" * len(names)]
             for r in parts:
                 lines.append(f"| {r['d']} | " + " | ".join(f"{r['breakdown_seconds'][n]:.2f}" for n in names) + " |")
