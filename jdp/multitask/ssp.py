@@ -63,12 +63,13 @@ def record_ssp_releases(report: PrivacyReport, noise_multiplier: float, beta: fl
 def _task_noise(key, task_ids, d, std_a, std_b):
     """Symmetric Gram noise [t, d, d] and rhs noise [t, d], keyed by global task id."""
     rows, cols = np.triu_indices(d)
+    pos = np.zeros((d, d), np.int32)  # entry (i, j) and (j, i) read the same upper-triangle draw
+    pos[rows, cols] = pos[cols, rows] = np.arange(rows.size)
 
     def one(t):
         ka, kb = jax.random.split(jax.random.fold_in(key, t))
-        z = jax.random.normal(ka, (rows.size,))  # the upper triangle only: half the random bits
-        sym = jnp.zeros((d, d)).at[rows, cols].set(z).at[cols, rows].set(z)
-        return std_a * sym, std_b * jax.random.normal(kb, (d,))
+        z = jax.random.normal(ka, (rows.size,))  # the upper triangle only
+        return std_a * z[pos], std_b * jax.random.normal(kb, (d,))
     return jax.vmap(one)(task_ids)
 
 
@@ -208,7 +209,7 @@ def _solve_tasks(feats, classes, stack_index, global_task, key, std_a, std_b, la
 
 
 def task_mesh(n_shards: int | None = None) -> Mesh | None:
-    """A 1-d mesh named 'tasks' over the first n_shards local devices (None for a single device)."""
+    """A 1-d mesh named 'tasks' over the first n_shards of `jax.devices()` (None: all; no mesh for one device)."""
     devices = jax.devices()
     n = len(devices) if n_shards is None else n_shards
     if n < 1 or n > len(devices):
