@@ -173,7 +173,8 @@ def render() -> str:
     if solver:
         lines += [f"### Private item solve: Cholesky (adaptive ridge) vs the PSD projection by eigh it replaced", "",
                   f"`{solver['command']}`, commit `{solver['git_commit'][:10]}`, {solver['device']}. AdaDPALS, default "
-                  "dim; both solvers see the same noisy Grams (same seeds). Test RMSE mean ± std over seeds, and the "
+                  "dim, measured on the model WITHOUT biases (before the defaults tables above); both solvers see the same "
+                  "noisy Grams (same seeds). Test RMSE mean ± std over seeds, and the "
                   "tail bucket's RMSE.", "",
                   "| data | ε | reg_scale | seeds | Cholesky, adaptive ridge | eigh, PSD projection | tail: Cholesky | tail: eigh |",
                   "|---|---|---|---|---|---|---|---|"]
