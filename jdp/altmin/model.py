@@ -49,6 +49,12 @@ from jdp.multitask.weights import adaptive_weights, tail_sampling_weights, unifo
 from jdp.noise import clip_by_norm, seeded_key
 
 METHODS = ("als", "dpals-uniform", "dpals-tail", "ada-dpals", "dpsgd-uniform", "dpsgd-tail", "ada-dpsgd")
+def _bias_priors(cfg: "AltMinConfig") -> tuple[float, float]:
+    """(s², τ₀²): the public residual variance (Γy/2)² and item-bias prior variance (Γy/4)² (1 and 0.25 on 1–5 stars)."""
+    return (cfg.label_clip / 2) ** 2, (cfg.label_clip / 4) ** 2
+
+
+TUNE_SPLIT_SEED = 0  # fit(tune="private") without valid: the train/valid split (public randomness, never noise)
 COUNT_LCB = 2.0  # item_ridge: a released count enters the item-bias ridge as its lower bound n̂ − 2·(noise std)
 MIN_DIRECTION_SNR = 4.0  # default_dim: below this signal-to-noise ratio of one direction, rank 0 (biases only)
 USERS_PER_BLOCK = 16384  # user solves run in blocks of this many users to bound memory (A is d×d per user)
@@ -196,8 +202,7 @@ class AltMinModel:
     def user_factors(self, history: Interactions) -> UserEmbeddings:
         """Each user's embedding and bias solved from the release and the user's own ratings (no privacy cost)."""
         cfg = self.config
-        solver = UserSolver(history, cfg.user_reg, cfg.user_bias_reg if cfg.biases else None, cfg.reg_per_rating)
-        return solver(self.item_factors, self.item_bias, self.mean)
+        return UserSolver.for_config(history, cfg)(self.item_factors, self.item_bias, self.mean)
 
     def predict(self, users: UserEmbeddings, user: np.ndarray, item: np.ndarray) -> np.ndarray:
         lo, hi = self.config.rating_range
@@ -247,6 +252,11 @@ class UserSolver:
             if self.bias_column is None:
                 raise ValueError("reg_per_rating needs biases=True (the count is read off the bias column)")
             self.count_ridge = jnp.asarray([0.0, 0.0, user_reg, self.bias_column**2, 0.0], jnp.float32)
+
+    @classmethod
+    def for_config(cls, data: Interactions, cfg: AltMinConfig) -> "UserSolver":
+        """The user solver of a resolved config (its user ridges, biases and per-rating choice)."""
+        return cls(data, cfg.user_reg, cfg.user_bias_reg if cfg.biases else None, cfg.reg_per_rating)
 
     def __call__(self, item_factors, item_bias, mean: float) -> UserEmbeddings:
         v = jnp.asarray(item_factors, jnp.float32)
@@ -345,7 +355,7 @@ def item_bias_prior(count: np.ndarray, label_sum: np.ndarray, cfg: AltMinConfig,
     `fit` uses τ̂² at rank 0 and max(τ̂², τ₀²) with factors (the per-item ridge is one scalar for all of the
     item's coordinates, so a tiny τ̂ would also wipe out its factors)."""
     clip_x, gy, k, g0 = cfg.item_feature_bound, cfg.label_clip, cfg.budget, cfg.bias_clip
-    s2, tau0 = (gy / 2) ** 2, (gy / 4) ** 2
+    s2, tau0 = _bias_priors(cfg)
     count_noise = noise_multiplier * math.sqrt(k) * clip_x**2 / g0**2
     sum_noise = noise_multiplier * math.sqrt(k) * clip_x * gy / g0  # std of b̂_i[-1]/γ₀
     n_hat = np.asarray(count, np.float64) / g0**2
@@ -377,8 +387,8 @@ def item_ridge(cfg: AltMinConfig, noise_multiplier: float, tau2: float | None = 
     lam = cfg.reg_scale * 2 * math.sqrt(cfg.dim + int(cfg.biases)) * std_a if cfg.dim > 0 else 0.0
     if not cfg.biases:
         return lam, None
-    s2, g0 = (gy / 2) ** 2, cfg.bias_clip
-    tau2 = max(tau2 if tau2 is not None else (gy / 4) ** 2, 1e-6 * gy**2)  # floor: a finite ridge
+    (s2, tau0), g0 = _bias_priors(cfg), cfg.bias_clip
+    tau2 = max(tau2 if tau2 is not None else tau0, 1e-6 * gy**2)  # floor: a finite ridge
     count_noise = noise_multiplier * math.sqrt(k) * clip_x**2 / g0**2  # std of the released count Â_i[-1,-1]/γ₀²
     count_ridge = np.array([g0**2 * s2 / tau2, noise_multiplier**2 * k * gy**2 * clip_x**2 / tau2, 0.0, g0**2,
                             COUNT_LCB * count_noise], np.float32)
@@ -527,7 +537,7 @@ def fit(train: Interactions, cfg: AltMinConfig, seed: int | None = None, *, tune
 
     v = cfg.init_scale * jax.random.normal(k_init, (n_items, d), jnp.float32)
     c = jnp.zeros(n_items, jnp.float32)
-    user_solver = UserSolver(train, cfg.user_reg, cfg.user_bias_reg if cfg.biases else None, cfg.reg_per_rating)
+    user_solver = UserSolver.for_config(train, cfg)
     step_seconds = []
     for t in tqdm(range(cfg.steps), desc=f"{cfg.method}", disable=not cfg.show_progress, leave=False):
         ts = time.perf_counter()
@@ -547,7 +557,7 @@ def fit(train: Interactions, cfg: AltMinConfig, seed: int | None = None, *, tune
                 stats = np.asarray(theta[flat_index, -2:])
                 tau2 = item_bias_prior(stats[:, 0], stats[:, 1], cfg, sigma)
                 if d > 0:  # one scalar ridge per item also shrinks its factors: never below the public prior's
-                    tau2 = max(tau2, (gy / 4) ** 2)
+                    tau2 = max(tau2, _bias_priors(cfg)[1])
                 lam, count_ridge = item_ridge(cfg, sigma, tau2)
                 theta = solve_tasks(feats, step_classes, stack_index, global_task, k_step, std_a, std_b, lam,
                                     mesh=mesh, noisy=True, count_ridge=count_ridge, bias_stats=True)
@@ -593,7 +603,7 @@ def _fit_tuned(train: Interactions, cfg: AltMinConfig, seed: int | None, tune: s
     if not cfg.private:
         raise ValueError("tune='private' tunes a private method; 'als' is the non-private reference")
     if valid is None:
-        train, valid = split_ratings(train, (0.9, 0.1), seed=0)
+        train, valid = split_ratings(train, (0.9, 0.1), seed=TUNE_SPLIT_SEED)
     tuned = tune_private(train, valid, public_grid(cfg), epsilon=cfg.epsilon, delta=cfg.delta, seed=seed)
     model = tuned.model
     model.report, model.seed = tuned.report, tuned.seed
