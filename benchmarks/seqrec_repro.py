@@ -84,10 +84,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, default=1024)
     ap.add_argument("--lr", type=float, default=5e-3)
     ap.add_argument("--maxlen", type=int, default=None)
-    ap.add_argument("--physical-batch", type=int, default=128)
-    ap.add_argument("--micro-batch", type=int, default=32)
-    ap.add_argument("--clipping", default="vmap", choices=["engine", "vmap"],
-                    help="vmap: exact fallback, measured faster than the engine at these shapes on CPU")
+    ap.add_argument("--clipping", default="auto", choices=["auto", "ghost", "vmap"],
+                    help="jdp.clipping method (vmap: the exact per-example reference)")
     ap.add_argument("--name", default="amazon_eps8")
     ap.add_argument("--from-partial", action="store_true",
                     help="finalise results from the rows already written by an interrupted run")
@@ -109,8 +107,7 @@ def main(argv=None) -> int:
         for seed in args.seeds:  # seed-major: paired rows first if the run is cut short
             for model in args.models:
                 cfg = TrainConfig(model=model, epsilon=eps, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                                  dropout=dropout, physical_batch=args.physical_batch, micro_batch=args.micro_batch,
-                                  clipping=args.clipping)
+                                  dropout=dropout, clipping=args.clipping)
                 t0 = time.perf_counter()
                 r = train(d, cfg, jax.random.key(seed), progress=sys.stderr.isatty())
                 diag = tail_attention_mass(model, d, {"cfg": cfg, "params": r.params, "reatt": r.reatt}, seed=seed)

@@ -1,17 +1,27 @@
-"""`jdp seqrec` end to end on ML-100K at a tiny size: JSON with metrics, privacy report, timings."""
+"""`jdp seqrec` end to end on ML-100K at a tiny size: JSON with metrics, privacy report, timings, per-epoch
+history with ε spent, checkpoint + --resume."""
 import json
+
+import pytest
 
 from jdp import cli
 
 
 def test_cli_seqrec_ml100k(tmp_path, datasets_dir, capsys):
     out = tmp_path / "run.json"
-    rc = cli.main(["seqrec", "--data", "ml-100k", "--data-path", str(datasets_dir / "ml-100k" / "u.data"),
-                   "--model", "transformer", "--epsilon", "8", "--epochs", "0.2", "--batch-size", "128",
-                   "--maxlen", "16", "--d", "8", "--blocks", "1", "--physical-batch", "64", "--micro-batch", "16",
-                   "--length-buckets", "", "--no-progress", "--out", str(out)])
-    assert rc == 0
+    ck = tmp_path / "ck.msgpack"
+    args = ["seqrec", "--data", "ml-100k", "--data-path", str(datasets_dir / "ml-100k" / "u.data"),
+            "--model", "transformer", "--epsilon", "8", "--epochs", "0.2", "--batch-size", "128",
+            "--maxlen", "16", "--d", "8", "--blocks", "1", "--chunk-rows", "512", "--length-buckets", "8",
+            "--no-progress", "--out", str(out), "--checkpoint", str(ck), "--seed", "3"]
+    assert cli.main(args + ["--max-steps", "1"]) == 0  # stopped after one of the two steps
+    assert json.loads(out.read_text())["timings"]["steps_done"] == 1
+    assert cli.main(args) == 2  # an existing checkpoint is never silently overwritten or resumed
+    assert cli.main(args + ["--resume"]) == 0
     res = json.loads(out.read_text())
+    assert res["timings"]["steps_run"] == 1 and res["timings"]["steps_done"] == 2
+    assert res["history"][-1]["step"] == 2
+    assert res["history"][-1]["epsilon_spent"] == pytest.approx(res["privacy"]["epsilon"], rel=1e-6)
     assert res["privacy"]["epsilon"] <= 8.0 + 1e-3
     assert [r["name"] for r in res["privacy"]["releases"]] == ["DP-SGD step (Poisson-sampled Gaussian)"]
     assert res["model"] == "transformer" and res["item_counts"] is None

@@ -1,15 +1,19 @@
-"""DP training loop: exact clipping fallback, privacy report (histogram release), checkpoints, errors."""
+"""DP training loop: the library's clipping on DPFormer, length chunks, privacy report (histogram release),
+checkpoints and resume, errors."""
 import dataclasses
 import logging
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
+
+from jdp import clipping as jc
 
 from jdp import accounting
 from jdp.seqrec import data, models, train
-from jdp.seqrec._clip_fallback import clipped_grad
+from jdp.clipping import clipped_grad
 
 logging.getLogger("absl").setLevel(logging.ERROR)
 
@@ -23,7 +27,8 @@ def _toy(n_users=48, n_items=20, maxlen=6, seed=0):
     return data.leave_last_out(seqs, n_items, maxlen)
 
 
-def test_fallback_clipping_equals_naive_per_example_clipping():
+@pytest.mark.parametrize("method", ["auto", "vmap"])
+def test_library_clipping_on_dpformer_equals_naive_per_example_clipping(method):
     d = _toy()
     model = models.make_model("dpformer", d.n_items, d.maxlen, d=8, heads=1, blocks=1, dropout=0.0)
     params = jax.jit(model.init)(jax.random.key(0), jnp.asarray(d.train_input[:2]))
@@ -33,7 +38,7 @@ def test_fallback_clipping_equals_naive_per_example_clipping():
     batch = {"input": jnp.asarray(d.train_input[:B]), "target": jnp.asarray(d.train_target[:B]),
              "key": jax.random.split(jax.random.key(1), B)}
     mask = jnp.array([1, 1, 1, 0, 1, 1, 1, 1], jnp.float32)
-    res = jax.jit(lambda p: clipped_grad(loss_fn, p, batch, l2_clip=0.05, mask=mask, micro_batch=4))(params)
+    res = jax.jit(lambda p: clipped_grad(loss_fn, p, batch, l2_clip=0.05, mask=mask, method=method))(params)
     one = jax.jit(jax.grad(lambda p, ex: loss_fn(p, ex)[0]))
     want = jax.tree_util.tree_map(jnp.zeros_like, params)
     for i in range(B):
@@ -49,8 +54,8 @@ def test_fallback_clipping_equals_naive_per_example_clipping():
 
 def test_private_dpformer_report_histogram_checkpoint(tmp_path):
     d = _toy()
-    cfg = train.TrainConfig(model="dpformer", epsilon=4.0, epochs=1.0, batch_size=16, physical_batch=16,
-                            micro_batch=8, d=8, blocks=1, dropout=0.1, lr=1e-2, eval_chunk=32)
+    cfg = train.TrainConfig(model="dpformer", epsilon=4.0, epochs=1.0, batch_size=16, chunk_rows=96,
+                            d=8, blocks=1, dropout=0.1, lr=1e-2, eval_chunk=32, length_buckets=())
     ck = tmp_path / "ck.msgpack"
     r = train.train(d, cfg, jax.random.key(0), checkpoint=ck, progress=False)
     names = [rel.name for rel in r.privacy.releases]
@@ -79,6 +84,45 @@ def test_private_dpformer_report_histogram_checkpoint(tmp_path):
     assert sigma3 < r.noise_multiplier
     np.testing.assert_array_equal(counts3, pub)
     assert train.privacy_setup(d, dataclasses.replace(cfg, epsilon=None), jax.random.key(0)) == (None, 0.0, None)
+
+
+def test_length_chunks_cover_every_user_once_in_a_window_that_fits():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(0, 51, 300)
+    windows = np.array([1, 2, 4, 8, 16, 32, 50])
+    chunks = train.length_chunks(lengths, windows, rows=64)
+    seen = np.concatenate([pos[:n] for _, pos, n in chunks])
+    np.testing.assert_array_equal(np.sort(seen), np.arange(300))  # each user exactly once
+    for w, pos, n in chunks:
+        assert lengths[pos[:n]].max() <= w and (w == 1 or lengths[pos[:n]].max() > windows[windows < w].max())
+        assert pos.size == max(1, 64 // w) or (pos.size & (pos.size - 1) == 0 and (w, pos, n) is chunks[-1])
+    assert sum(n for _, _, n in chunks[:-1]) + chunks[-1][2] == 300
+
+
+def test_chunked_dp_sgd_sum_equals_one_full_window_batch():
+    """The length layout only saves compute: the clipped sums of a sample laid out in short windows equal
+    those of the same users in full-length windows (masked padding rows, right-anchored positions)."""
+    d = _toy(n_users=24)
+    model = models.make_model("dpformer", d.n_items, d.maxlen, d=8, heads=1, blocks=1, dropout=0.0)
+    params = jax.jit(model.init)(jax.random.key(0), jnp.asarray(d.train_input[:2]))
+    reatt = {"w_var": 1e-4, "emb_var": jnp.full((d.n_items + 1,), 1e-2)}
+    loss_fn = models.make_loss_fn(model, reatt)
+    dp = jc.dp_sgd(loss_fn, optax.sgd(0.1), num_examples=24, batch_size=8, l2_clip=0.05, delta=1e-5, steps=1,
+                   noise_multiplier=1.0)
+    users = np.arange(24)
+    keys = jax.random.split(jax.random.key(3), 24)
+    zero = jax.tree_util.tree_map(jnp.zeros_like, params)
+    full = {"input": jnp.asarray(d.train_input), "target": jnp.asarray(d.train_target), "key": keys}
+    want, _ = dp.accumulate(params, zero, full, jnp.ones(24, bool))
+    acc, L = zero, d.maxlen
+    lens = (d.train_input > 0).sum(1)
+    for w, pos, n in train.length_chunks(lens, np.array([2, 4, L]), rows=16):
+        u = users[pos]
+        batch = {"input": jnp.asarray(d.train_input[u, L - w:]), "target": jnp.asarray(d.train_target[u, L - w:]),
+                 "key": keys[u]}
+        acc, _ = dp.accumulate(params, acc, batch, jnp.asarray(np.arange(pos.size) < n))
+    for a, b in zip(jax.tree_util.tree_leaves(acc), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=1e-6)
 
 
 def test_invalid_configs_raise():

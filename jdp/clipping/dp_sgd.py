@@ -59,6 +59,12 @@ def default_max_batch_size(num_examples: int, sampling_rate: float, multiple: in
     return int(min(num_examples, multiple * math.ceil(size / multiple)))
 
 
+def poisson_keep(key: jax.Array, num_examples: int, sampling_rate: float) -> jax.Array:
+    """[num_examples] bool: each row in the sample independently with probability sampling_rate (the one
+    sampling rule of every DP-SGD step in jdp)."""
+    return jax.random.uniform(key, (num_examples,)) < sampling_rate
+
+
 def poisson_sample(key: jax.Array, num_examples: int, sampling_rate: float, max_batch_size: int):
     """Poisson sample of row indices padded to a static size.
 
@@ -66,7 +72,7 @@ def poisson_sample(key: jax.Array, num_examples: int, sampling_rate: float, max_
     index 0 with mask False. When count > max_batch_size the sample does NOT match the accounted
     mechanism: callers must check `count <= max_batch_size` (DPSGD.sample raises).
     """
-    keep = jax.random.uniform(key, (num_examples,)) < sampling_rate
+    keep = poisson_keep(key, num_examples, sampling_rate)
     count = jnp.sum(keep)
     (idx,) = jnp.nonzero(keep, size=max_batch_size, fill_value=0)
     mask = jnp.arange(max_batch_size) < count
@@ -174,18 +180,35 @@ class DPSGD:
                              "the accounted mechanism)")
         return idx, mask
 
-    def _step(self, state: DPSGDState, batch: Any, mask: jax.Array):
-        cg = clipped_grad(self.loss_fn, state.params, batch, l2_clip=self.l2_clip, mask=mask,
+    def sample_indices(self, key: jax.Array) -> np.ndarray:
+        """The rows of one Poisson sample, all of them (variable size, on the host): for callers that lay
+        the sample out in their own physical chunks (e.g. by sequence length) and `accumulate` them."""
+        return np.flatnonzero(np.asarray(_keep_jit(key, self.num_examples, self.sampling_rate)))
+
+    def _clipped(self, params: Any, batch: Any, mask: jax.Array):
+        cg = clipped_grad(self.loss_fn, params, batch, l2_clip=self.l2_clip, mask=mask,
                           method=self.method, normalize=self.normalize)
-        tx = self.transform(jax.random.PRNGKey(0))  # key lives in opt_state
-        updates, opt_state = tx.update(cg.grad_sum, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
         keep = jnp.asarray(mask) != 0
-        m = jnp.maximum(jnp.sum(keep), 1)
         # `where`, not `* mask`: a padding row's NaN loss must not reach the metrics (0 * NaN = NaN)
-        metrics = {"loss": jnp.sum(jnp.where(keep, cg.loss, 0.0)) / m, "num_nonfinite": cg.num_nonfinite,
-                   "frac_clipped": jnp.sum(keep & (cg.norms > self.l2_clip)) / m}
-        return DPSGDState(params, opt_state, state.step + 1), metrics
+        sums = {"loss_sum": jnp.sum(jnp.where(keep, cg.loss, 0.0)), "count": jnp.sum(keep),
+                "num_clipped": jnp.sum(keep & (cg.norms > self.l2_clip)), "num_nonfinite": cg.num_nonfinite}
+        return cg.grad_sum, sums
+
+    def _apply(self, state: DPSGDState, grad_sum: Any) -> DPSGDState:
+        tx = self.transform(jax.random.PRNGKey(0))  # the noise key lives in opt_state
+        updates, opt_state = tx.update(grad_sum, state.opt_state, state.params)
+        return DPSGDState(optax.apply_updates(state.params, updates), opt_state, state.step + 1)
+
+    def _accumulate(self, params: Any, grad_sum: Any, batch: Any, mask: jax.Array):
+        g, sums = self._clipped(params, batch, mask)
+        return jax.tree.map(jnp.add, grad_sum, g), sums
+
+    def _step(self, state: DPSGDState, batch: Any, mask: jax.Array):
+        g, sums = self._clipped(state.params, batch, mask)
+        m = jnp.maximum(sums["count"], 1)
+        metrics = {"loss": sums["loss_sum"] / m, "num_nonfinite": sums["num_nonfinite"],
+                   "frac_clipped": sums["num_clipped"] / m}
+        return self._apply(state, g), metrics
 
     @property
     def step(self) -> Callable:
@@ -193,7 +216,22 @@ class DPSGD:
 
         metrics are private diagnostics (loss, clipped fraction): do not publish them unaccounted.
         """
-        return _jitted_step(self)
+        return _jitted(self, "_step")
+
+    @property
+    def accumulate(self) -> Callable:
+        """jit-compiled accumulate(params, grad_sum, batch, mask) -> (grad_sum + Σ clipped grads of the
+        batch, sums {loss_sum, count, num_clipped, num_nonfinite}): one physical chunk of a step whose
+        Poisson sample (`sample_indices`) is processed in several chunks, each row of the sample in exactly
+        one chunk (chunks may have different shapes). Start from zeros like params; finish with `apply`.
+        The sums are private diagnostics."""
+        return _jitted(self, "_accumulate")
+
+    @property
+    def apply(self) -> Callable:
+        """jit-compiled apply(state, grad_sum) -> state: the noisy release of the accumulated clipped sum
+        (`dp_aggregate`: + N(0, (σC)²), / expected batch size) and the optimizer update: one accounted step."""
+        return _jitted(self, "_apply")
 
     def fit(self, params: Any, data: Any, key: jax.Array, steps: int | None = None,
             progress: bool = True) -> tuple[Any, PrivacyReport, list]:
@@ -220,15 +258,16 @@ class DPSGD:
 
 
 _poisson_jit = jax.jit(poisson_sample, static_argnums=(1, 2, 3))
-_STEP_CACHE: dict = {}
+_keep_jit = jax.jit(poisson_keep, static_argnums=(1, 2))
+_JIT_CACHE: dict = {}
 
 
-def _jitted_step(cfg: DPSGD):
-    key = id(cfg)
-    hit = _STEP_CACHE.get(key)
+def _jitted(cfg: DPSGD, name: str):
+    key = (id(cfg), name)
+    hit = _JIT_CACHE.get(key)
     if hit is None or hit[0] is not cfg:
-        hit = (cfg, jax.jit(cfg._step))
-        _STEP_CACHE[key] = hit
+        hit = (cfg, jax.jit(getattr(cfg, name)))
+        _JIT_CACHE[key] = hit
     return hit[1]
 
 
@@ -271,4 +310,4 @@ def dp_sgd(loss_fn: Callable, optimizer: optax.GradientTransformation, *, num_ex
 
 
 __all__ = ["DPAggregateState", "DPSGD", "DPSGDState", "calibrate_noise_multiplier", "default_max_batch_size",
-           "dp_aggregate", "dp_sgd", "dp_sgd_event", "poisson_sample"]
+           "dp_aggregate", "dp_sgd", "dp_sgd_event", "poisson_keep", "poisson_sample"]

@@ -20,8 +20,9 @@ import time
 import numpy as np
 
 from jdp.cli import add_seed_arguments, noise_seed
-
+from jdp.clipping.engine import METHODS as CLIPPING_METHODS
 from jdp.seqrec.models import MODELS
+from jdp.seqrec.train import DEFAULT_WINDOWS, TrainConfig
 
 
 def register(subparsers) -> None:
@@ -57,18 +58,24 @@ def register(subparsers) -> None:
     p.add_argument("--vocab-noise-multiplier", type=float, default=10.0,
                    help="private vocabulary histogram noise / sqrt(maxlen+2)")
     p.add_argument("--mask-history", action="store_true", help="remove history items from the ranking")
-    p.add_argument("--physical-batch", type=int, default=256)
-    p.add_argument("--micro-batch", type=int, default=32)
-    p.add_argument("--length-buckets", default="8,16,32,64,128",
+    p.add_argument("--clipping", default="auto", choices=list(CLIPPING_METHODS),
+                   help="jdp.clipping method (vmap: the exact per-example reference, B x params memory)")
+    p.add_argument("--chunk-rows", type=int, default=TrainConfig.chunk_rows,
+                   help="users x window positions per compiled chunk (compute only)")
+    p.add_argument("--length-buckets", default=",".join(map(str, DEFAULT_WINDOWS)),
                    help="comma-separated shorter windows for short sequences (compute only; '' = none)")
-    p.add_argument("--eval-every", type=float, default=0.0, help="validation every N epochs (0 = end only)")
+    p.add_argument("--eval-every", type=float, default=0.0,
+                   help="validation NDCG every N epochs (0 = end only); recorded in the history and the curve plot")
     p.add_argument("--n-users", type=int, default=None,
                    help="declared public bound on the number of users (sets q = B/N and the steps; default: "
                         "the data's count, stated in the report as treated public)")
-    p.add_argument("--checkpoint", default=None, help="checkpoint file (resumed when present)")
+    p.add_argument("--checkpoint", default=None, help="checkpoint file, written every epoch (resumed with --resume)")
+    p.add_argument("--resume", action="store_true", help="continue from --checkpoint (same data, config and --seed)")
+    p.add_argument("--max-steps", type=int, default=None,
+                   help="stop after this many steps of this call (resume later; the report covers the planned run)")
     add_seed_arguments(p, data_seed=False)
     p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--out", default=None, help="JSON output file")
+    p.add_argument("--out", default=None, help="JSON output file (and <out>.png: the per-epoch curve)")
     p.set_defaults(func=run)
 
 
@@ -76,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     import jax
 
     from jdp.seqrec import data as data_mod
-    from jdp.seqrec.train import TrainConfig, train
+    from jdp.seqrec.train import train
 
     logging.getLogger("absl").setLevel(logging.ERROR)
     t0 = time.perf_counter()
@@ -103,16 +110,20 @@ def run(args: argparse.Namespace) -> int:
     cfg = TrainConfig(model=args.model, epsilon=None if args.non_private else args.epsilon, delta=args.delta,
                       epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_frac=args.warmup_frac,
                       weight_decay=args.weight_decay, l2_clip=args.clip, d=args.d, heads=args.heads,
-                      blocks=args.blocks, dropout=dropout, physical_batch=args.physical_batch,
-                      micro_batch=args.micro_batch, hist_noise_multiplier=args.hist_noise_multiplier,
+                      blocks=args.blocks, dropout=dropout, chunk_rows=args.chunk_rows, clipping=args.clipping,
+                      hist_noise_multiplier=args.hist_noise_multiplier,
                       eval_every_epochs=args.eval_every, mask_history=args.mask_history,
                       length_buckets=tuple(int(b) for b in args.length_buckets.split(",") if b.strip()),
                       n_users_public=args.n_users)
     public = None
     if args.public_item_counts:
         public = np.load(args.public_item_counts)
+    if args.resume and not args.checkpoint:
+        raise ValueError("--resume needs --checkpoint")
+    if args.checkpoint and pathlib.Path(args.checkpoint).exists() and not args.resume:
+        raise ValueError(f"{args.checkpoint} exists: pass --resume to continue it, or remove it")
     res = train(d, cfg, k_train, public_item_counts=public, checkpoint=args.checkpoint,
-                progress=not args.no_progress)
+                progress=not args.no_progress, max_steps=args.max_steps)
     out = {
         "data": args.data, "model": args.model, "epsilon": cfg.epsilon, "delta": cfg.delta, "seed": seed,
         "device": jax.devices()[0].device_kind, "n_users": d.n_users, "n_items": d.n_items, "maxlen": d.maxlen,
@@ -131,7 +142,32 @@ def run(args: argparse.Namespace) -> int:
     print(json.dumps(res.metrics, indent=1))
     if args.out:
         pathlib.Path(args.out).write_text(json.dumps(out, indent=2, default=float) + "\n")
+        if res.history:
+            _plot_history(res.history, pathlib.Path(args.out).with_suffix(".png"), f"{args.model} ε={cfg.epsilon}")
     return 0
+
+
+def _plot_history(history: list, path: pathlib.Path, title: str) -> None:
+    """Training loss and (when evaluated) validation NDCG@10 per epoch."""
+    try:
+        import matplotlib
+    except ImportError:  # optional dependency (jdp[plots])
+        print(f"matplotlib not installed: no curve plot ({path})")
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(1, 2, figsize=(9, 3.2))
+    loss = [(h["epoch"], h["train_loss"]) for h in history if "train_loss" in h]
+    ndcg = [(h["epoch"], 100 * h["ndcg_at_10_valid"]) for h in history if "ndcg_at_10_valid" in h]
+    for a, pts, label in ((ax[0], loss, "train loss (private diagnostic)"), (ax[1], ndcg, "valid NDCG@10 %")):
+        if pts:
+            a.plot(*zip(*pts), marker="o")
+        a.set_xlabel("epoch")
+        a.set_title(label)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 __all__ = ["register", "run"]

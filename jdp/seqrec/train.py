@@ -1,22 +1,29 @@
-"""DP-SGD training of sequential recommenders (DPFormer and baselines).
+"""DP-SGD training of sequential recommenders (DPFormer and baselines), on the library's one DP-SGD path.
 
 Privacy unit: one user = one training sequence; neighbouring relation: add/remove one user's
-sequence. Each step samples every user independently with probability q = B/N (Poisson sampling,
-processed in fixed-size padded physical chunks, no truncation), sums per-user clipped gradients
-(norm over all parameters jointly, clip C), adds N(0, σ²C²I), divides by the expected batch size B
-and applies Adam(W) with linear warm-up + linear decay. Released: T subsampled Gaussian steps and,
-for DPFormer without public counts, one Gaussian item histogram (for Re-Attention's p_i); σ is
-calibrated so the composition of both meets (ε, δ) under dp_accounting's RDP accountant.
+sequence. Each step is `jdp.clipping.dp_sgd`'s: a Poisson sample (every user independently with
+probability q = B/N, no truncation), the sum of per-user clipped gradients from `jdp.clipping.clipped_grad`
+(norm over all parameters jointly, clip C; Phantom clipping for the tied input/output embedding),
+N(0, σ²C²I) added and the sum divided by the expected batch size B (`dp_aggregate`), then Adam(W) with
+linear warm-up + linear decay. Released: T subsampled Gaussian steps and, for DPFormer without public
+counts, one Gaussian item histogram (for Re-Attention's p_i); σ is calibrated so the composition of
+both meets (ε, δ) under dp_accounting's RDP accountant.
+
+Speed: a step's sample is laid out in physical chunks by sequence length (`length_chunks`): each chunk
+holds users of similar length in the shortest window that fits them, about `chunk_rows` positions per
+chunk, so the full-softmax output layer (most of the FLOPs) is computed at few padding positions.
+Padding never changes an output (masked attention, right-anchored positions, masked rows).
 
 `epsilon=None` is the explicitly NON-PRIVATE reference (no clipping, no noise, no report).
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import pathlib
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.serialization
 import jax
@@ -27,12 +34,18 @@ from dp_accounting import dp_event as dpe
 from tqdm.auto import tqdm
 
 from jdp import accounting
+from jdp.clipping import METHODS as CLIPPING_METHODS
+from jdp.clipping.dp_sgd import dp_sgd, dp_sgd_event, poisson_keep
 from jdp.seqrec import reattention as ra
-from jdp.seqrec._clip_fallback import clipped_grad as fallback_clipped_grad
-from jdp.seqrec._clip_fallback import get_clipped_grad
 from jdp.seqrec.data import SeqData, item_presence
 from jdp.seqrec.evaluate import evaluate, make_rank_fn_reatt
 from jdp.seqrec.models import make_loss_fn, make_model
+
+
+# Shorter windows (compute only): every length up to 8, then steps of ~25%, so a user's window wastes
+# at most ~20% of its positions. Each window used compiles one chunk shape (plus one for a step's last chunk).
+DEFAULT_WINDOWS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128,
+                   160, 192, 224, 256)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,20 +61,19 @@ class TrainConfig:
     weight_decay: float = 1e-5
     l2_clip: float = 1.0
     normalize: bool = False           # normalised clipping g·C/‖g‖ (the paper's choice) instead of min(1, C/‖g‖)
-    clipping: str = "engine"          # "engine" (jdp.clipping when installed) or "vmap" (exact fallback)
+    clipping: str = "auto"            # jdp.clipping method ("vmap": the exact per-example reference)
     d: int = 64
     heads: int = 1
     blocks: int = 2
     dropout: float = 0.5
     activation: str = "relu"
-    physical_batch: int = 256         # examples per jit call (padded, masked)
-    micro_batch: int = 32             # examples whose per-example grads are materialised at once (fallback)
+    chunk_rows: int = 2048            # users × window positions per jit call (physical chunk)
     hist_noise_multiplier: float = 10.0  # Gaussian histogram noise / sqrt(maxlen+1)
     error_scale: float = 1.0          # multiplies Re-Attention's effective errors (paper: 1)
     eval_every_epochs: float = 0.0    # 0 = only at the end (validation history otherwise)
     mask_history: bool = False
     eval_chunk: int = 1024
-    length_buckets: tuple = (8, 16, 32, 64, 128)  # window lengths used for short sequences (compute only)
+    length_buckets: tuple = DEFAULT_WINDOWS  # window lengths for shorter sequences (compute only)
     n_users_public: int | None = None  # declared public bound on the users: sets q = B/N and the steps
 
     def validate(self) -> None:
@@ -74,13 +86,11 @@ class TrainConfig:
         accounting.check_positive(self.error_scale, "error_scale", allow_zero=True)
         if not 0.0 <= self.warmup_frac < 1.0:
             raise ValueError(f"warmup_frac must be in [0, 1), got {self.warmup_frac}")
-        for name in ("batch_size", "physical_batch", "micro_batch", "d", "heads", "blocks", "eval_chunk"):
+        for name in ("batch_size", "chunk_rows", "d", "heads", "blocks", "eval_chunk"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.clipping not in ("engine", "vmap"):
-            raise ValueError(f"clipping must be 'engine' or 'vmap', got {self.clipping!r}")
-        if self.physical_batch % self.micro_batch:
-            raise ValueError("physical_batch must be a multiple of micro_batch")
+        if self.clipping not in CLIPPING_METHODS:
+            raise ValueError(f"clipping must be one of {CLIPPING_METHODS}, got {self.clipping!r}")
 
 
 @dataclasses.dataclass
@@ -115,10 +125,6 @@ def sampling_plan(data: SeqData, cfg: TrainConfig) -> tuple[int, float, int]:
     return N, cfg.batch_size / N, max(1, int(math.ceil(cfg.epochs * N / cfg.batch_size)))
 
 
-def dp_sgd_event(noise_multiplier: float, sampling_rate: float, steps: int) -> dpe.DpEvent:
-    return dpe.SelfComposedDpEvent(dpe.PoissonSampledDpEvent(sampling_rate, dpe.GaussianDpEvent(noise_multiplier)), steps)
-
-
 def privacy_setup(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: np.ndarray | None = None
                   ) -> tuple[accounting.PrivacyReport | None, float, np.ndarray | None]:
     """(report, noise multiplier σ, item counts for Re-Attention) for a run of cfg; (None, 0, None)
@@ -151,19 +157,42 @@ def privacy_setup(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_c
     fixed = [r.composed_event() for r in report.releases]
     sigma = accounting.calibrate(lambda s: dpe.ComposedDpEvent(fixed + [dp_sgd_event(s, q, steps)]),
                                  cfg.epsilon, cfg.delta, bracket=(0.05, 500.0))
-    report.add("DP-SGD step (Poisson-sampled Gaussian)", dpe.PoissonSampledDpEvent(q, dpe.GaussianDpEvent(sigma)),
+    report.add("DP-SGD step (Poisson-sampled Gaussian)", dp_sgd_event(sigma, q, 1),
                sensitivity=cfg.l2_clip, noise_scale=sigma * cfg.l2_clip, count=steps)
     return report, float(sigma), counts_rel
 
 
+def length_chunks(lengths: np.ndarray, windows: np.ndarray, rows: int) -> list[tuple[int, np.ndarray, int]]:
+    """Lays out one sample's users as physical chunks: [(window, positions into `lengths` [P], n_real)].
+
+    Longest users first; a chunk takes the next rows // window users, window = the smallest of `windows`
+    (sorted, last = maxlen) that fits the chunk's longest user. Every chunk is full except the last (the
+    shortest users), which is padded (repeating its first entry, masked by the caller) to a power of two,
+    so a run compiles few shapes. Every user is in exactly one chunk."""
+    order = np.argsort(-np.asarray(lengths), kind="stable")
+    out, i = [], 0
+    while i < order.size:
+        w = int(windows[min(np.searchsorted(windows, lengths[order[i]]), windows.size - 1)])
+        full = max(1, rows // w)
+        part = order[i:i + full]
+        size = full if part.size == full else min(full, 1 << int(np.ceil(np.log2(part.size))))
+        out.append((w, np.concatenate([part, np.repeat(part[:1], size - part.size)]), part.size))
+        i += part.size
+    return out
+
+
 def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: np.ndarray | None = None,
-          checkpoint: str | pathlib.Path | None = None, checkpoint_every: int = 50,
-          progress: bool = True, evaluate_test: bool = True) -> TrainResult:
+          checkpoint: str | pathlib.Path | None = None, checkpoint_every: int | None = None,
+          progress: bool = True, evaluate_test: bool = True, max_steps: int | None = None) -> TrainResult:
     """Trains cfg.model with DP-SGD at (cfg.epsilon, cfg.delta) and evaluates on valid/test.
 
     Unit: user (one sequence); relation: add/remove one user. public_item_counts: caller-DECLARED
     public per-item sequence counts [M+1] for Re-Attention (then no histogram is released); otherwise
     DPFormer releases a Gaussian histogram accounted in the report. Exact counts are never used.
+    `checkpoint`: a file written every `checkpoint_every` steps (default: every epoch) and at the end,
+    and resumed from when it exists (same data, config and key: the run continues as if never stopped).
+    `max_steps`: stop after this many steps of this call (the report still covers the whole planned
+    run, whose noise was calibrated for all `steps`); resume later from the checkpoint.
     """
     cfg.validate()
     t_start = time.perf_counter()
@@ -184,86 +213,94 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
         w_var, emb_var = ra.effective_variances(sigma, cfg.l2_clip, cfg.batch_size, q, counts_rel, cfg.error_scale)
         reatt = {"w_var": jnp.float32(w_var), "emb_var": jnp.asarray(emb_var)}
 
-    # ---- model, optimiser ----
+    # ---- model, optimiser, the DP-SGD step of jdp.clipping ----
     params = jax.jit(model.init)(k_init, jnp.zeros((1, L), jnp.int32))
     opt = optax.adamw(lr_schedule(cfg.lr, steps, cfg.warmup_frac), weight_decay=cfg.weight_decay)
-    opt_state = opt.init(params)
     loss_fn = make_loss_fn(model, reatt)
-    engine = get_clipped_grad() if cfg.clipping == "engine" else fallback_clipped_grad
-    P = cfg.physical_batch
-
-    @jax.jit
-    def accumulate(params, acc, inp, tgt, keys, mask):
-        batch = {"input": inp, "target": tgt, "key": keys}
-        if not private:
-            loss, g = jax.value_and_grad(lambda p: jnp.sum(loss_fn(p, batch) * mask))(params)
-            return jax.tree_util.tree_map(jnp.add, acc, g), loss, jnp.int32(0)
-        if engine is fallback_clipped_grad:
-            res = engine(loss_fn, params, batch, l2_clip=cfg.l2_clip, mask=mask, micro_batch=cfg.micro_batch,
-                         normalize=cfg.normalize)
-        else:
-            res = engine(loss_fn, params, batch, l2_clip=cfg.l2_clip, mask=mask, normalize=cfg.normalize)
-        # `where`, not `* mask`: a padding row's NaN loss must not reach the diagnostic sum
-        loss = jnp.sum(jnp.where(mask > 0, res.loss, 0.0))
-        return jax.tree_util.tree_map(jnp.add, acc, res.grad_sum), loss, jnp.asarray(res.num_nonfinite, jnp.int32)
-
-    @jax.jit
-    def update(params, opt_state, acc, k):
-        leaves, tdef = jax.tree_util.tree_flatten(acc)
-        ks = jax.random.split(k, len(leaves))
-        noisy = [(g + sigma * cfg.l2_clip * jax.random.normal(kk, g.shape, g.dtype)) / cfg.batch_size
-                 for g, kk in zip(leaves, ks)]
-        grad = jax.tree_util.tree_unflatten(tdef, noisy)
-        upd, opt_state = opt.update(grad, opt_state, params)
-        return optax.apply_updates(params, upd), opt_state
+    k_noise, k_sample, k_dropout = jax.random.split(k_train, 3)
+    if jnp.issubdtype(k_noise.dtype, jax.dtypes.prng_key):
+        k_noise = jax.random.key_data(k_noise)  # raw key bits: the noise key is checkpointed in opt_state
+    if private:
+        dp = dp_sgd(loss_fn, opt, num_examples=N, batch_size=cfg.batch_size, l2_clip=cfg.l2_clip, delta=cfg.delta,
+                    steps=steps, noise_multiplier=sigma, method=cfg.clipping, normalize=cfg.normalize, unit="user")
+        state = dp.init(params, k_noise)
+        accumulate, apply = dp.accumulate, dp.apply
+    else:  # NON-PRIVATE reference: plain gradient sums, the same sampling, schedule and optimiser
+        state, accumulate, apply = _nonprivate_step(loss_fn, opt, params, cfg.batch_size)
+    fixed_events = [r.composed_event() for r in report.releases[:-1]] if private else []
 
     start = 0
     ckpt = pathlib.Path(checkpoint) if checkpoint else None
+    history = []
     if ckpt is not None and ckpt.exists():
-        state = flax.serialization.from_bytes({"params": params, "opt_state": opt_state, "step": 0}, ckpt.read_bytes())
-        params, opt_state, start = state["params"], state["opt_state"], int(state["step"])
+        state = flax.serialization.from_bytes(state, ckpt.read_bytes())
+        start = int(state.step)
+        hist_file = ckpt.with_name(ckpt.name + ".history.json")
+        if hist_file.exists():
+            history = [h for h in json.loads(hist_file.read_text()) if h["step"] <= start]
+    per_epoch = max(1, int(math.ceil(N / cfg.batch_size)))
+    checkpoint_every = per_epoch if checkpoint_every is None else int(checkpoint_every)
+    stop = steps if max_steps is None else min(steps, start + int(max_steps))
 
-    zero = jax.tree_util.tree_map(jnp.zeros_like, params)
-    # Length buckets: users are processed in windows of the smallest bucket >= their length. Padding
-    # never influences outputs of real positions (masked attention, right-anchored positions), so this
-    # only saves compute (RNNs see fewer leading zero inputs).
+    zero = jax.tree_util.tree_map(jnp.zeros_like, state.params)
     lens = (data.train_input > 0).sum(1)
-    buckets = np.array(sorted({int(b) for b in cfg.length_buckets if 0 < b < L} | {L}))
-    bucket_id = np.searchsorted(buckets, lens)
-    history, t_train = [], 0.0
+    windows = np.array(sorted({int(b) for b in cfg.length_buckets if 0 < b < L} | {L}))
+    n_data = data.n_users
     eval_every = int(round(cfg.eval_every_epochs * N / cfg.batch_size)) if cfg.eval_every_epochs > 0 else 0
-    it = tqdm(range(start, steps), desc=f"{cfg.model} eps={cfg.epsilon}", disable=not progress, initial=start, total=steps)
+    t_train, epoch_loss, epoch_count = 0.0, 0.0, 0
+    step_s, shapes_seen, step_new_shapes = [], set(), []  # per-step time; steps that compiled a new chunk shape
+    it = tqdm(range(start, stop), desc=f"{cfg.model} eps={cfg.epsilon}", disable=not progress, initial=start,
+              total=steps)
     for step in it:
         t0 = time.perf_counter()
-        ks, kn, kd = jax.random.split(jax.random.fold_in(k_train, step), 3)
-        idx = np.flatnonzero(np.asarray(jax.random.bernoulli(ks, q, (data.n_users,))))
-        acc, loss_sum, c, nonfinite = zero, 0.0, 0, 0
-        for bi, Lb in enumerate(buckets):  # every sampled user is processed exactly once
-            sel = idx[bucket_id[idx] == bi]
-            for s0 in range(0, sel.size, P):
-                part = sel[s0:s0 + P]
-                part_p = np.concatenate([part, np.zeros(P - part.size, np.int64)])
-                m = (np.arange(P) < part.size).astype(np.float32)
-                keys = jax.random.split(jax.random.fold_in(kd, c), P)
-                acc, ls, bad = accumulate(params, acc, jnp.asarray(data.train_input[part_p, L - Lb:]),
-                                          jnp.asarray(data.train_target[part_p, L - Lb:]), keys, jnp.asarray(m))
-                loss_sum += ls
-                nonfinite += bad
-                c += 1
+        k_step = jax.random.fold_in(k_sample, step)
+        idx = np.flatnonzero(np.asarray(_poisson_keep(k_step, N, q)))
+        idx = idx[idx < n_data]  # ids of the declared population without data contribute nothing
+        kd = jax.random.fold_in(k_dropout, step)
+        acc, loss_sum, count, nonfinite = zero, 0.0, 0, 0
+        chunks = length_chunks(lens[idx], windows, cfg.chunk_rows)
+        new = {(w, pos.size) for w, pos, _ in chunks} - shapes_seen
+        shapes_seen |= new
+        step_new_shapes.append(len(new))
+        for c, (w, pos, n_real) in enumerate(chunks):
+            users = idx[pos]
+            mask = jnp.asarray(np.arange(pos.size) < n_real)
+            batch = {"input": jnp.asarray(data.train_input[users, L - w:]),
+                     "target": jnp.asarray(data.train_target[users, L - w:]),
+                     "key": jax.random.split(jax.random.fold_in(kd, c), pos.size)}
+            acc, sums = accumulate(state.params, acc, batch, mask)
+            loss_sum, count, nonfinite = loss_sum + sums["loss_sum"], count + sums["count"], nonfinite + sums["num_nonfinite"]
         if int(nonfinite):  # such users were dropped (the bound holds), but training has diverged
             raise FloatingPointError(f"step {step}: {int(nonfinite)} sampled users had a non-finite loss or "
                                      "gradient (lower the learning rate or check the data)")
-        params, opt_state = update(params, opt_state, acc, kn)
-        loss = float(loss_sum) / max(idx.size, 1)
-        t_train += time.perf_counter() - t0
+        state = apply(state, acc)
+        loss = float(loss_sum) / max(int(count), 1)
+        epoch_loss, epoch_count = epoch_loss + float(loss_sum), epoch_count + int(count)
+        step_s.append(time.perf_counter() - t0)
+        t_train += step_s[-1]
         it.set_postfix(loss=f"{loss:.3f}", batch=idx.size)
-        if ckpt is not None and ((step + 1) % checkpoint_every == 0 or step + 1 == steps):
-            ckpt.write_bytes(flax.serialization.to_bytes({"params": params, "opt_state": opt_state, "step": step + 1}))
-        if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
-            m = evaluate(model, params, data.valid_input, data.valid_target, mask_history=cfg.mask_history,
+        done = step + 1
+        entry = None
+        if done % per_epoch == 0 or done == steps:
+            entry = {"step": done, "epoch": done * cfg.batch_size / N,
+                     "train_loss": epoch_loss / max(epoch_count, 1)}  # private diagnostic, not released
+            if private:
+                entry["epsilon_spent"] = accounting.compute_epsilon(
+                    dpe.ComposedDpEvent(fixed_events + [dp_sgd_event(sigma, q, done)]), cfg.delta)
+            epoch_loss, epoch_count = 0.0, 0
+        if eval_every and done % eval_every == 0 and done < steps:
+            m = evaluate(model, state.params, data.valid_input, data.valid_target, mask_history=cfg.mask_history,
                          chunk=cfg.eval_chunk, reatt=reatt, length_buckets=cfg.length_buckets)
-            history.append({"step": step + 1, "epoch": (step + 1) * cfg.batch_size / N, "train_loss": loss,
-                            "ndcg_at_10_valid": m["ndcg"], "hit_at_10_valid": m["hit"]})
+            entry = {**(entry or {"step": done, "epoch": done * cfg.batch_size / N}),
+                     "ndcg_at_10_valid": m["ndcg"], "hit_at_10_valid": m["hit"]}
+        if entry is not None:
+            history.append(entry)
+            if progress:
+                it.write("  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in entry.items()))
+        if ckpt is not None and (done % checkpoint_every == 0 or done == stop):
+            ckpt.write_bytes(flax.serialization.to_bytes(state))
+            ckpt.with_name(ckpt.name + ".history.json").write_text(json.dumps(history))
+    params, steps_done = state.params, int(state.step)
 
     t0 = time.perf_counter()
     rank_fn = make_rank_fn_reatt(model, cfg.mask_history, reatt)
@@ -272,12 +309,43 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     metrics = {"ndcg_at_10_valid": mv["ndcg"], "hit_at_10_valid": mv["hit"], "n_valid_users": mv["n_users"]}
     if evaluate_test:
         mt = evaluate(model, params, data.test_input, data.test_target, chunk=cfg.eval_chunk, rank_fn=rank_fn,
-                  length_buckets=cfg.length_buckets)
+                      length_buckets=cfg.length_buckets)
         metrics.update({"ndcg_at_10_test": mt["ndcg"], "hit_at_10_test": mt["hit"], "n_test_users": mt["n_users"]})
     t_eval = time.perf_counter() - t0
     timings = {"train_s": t_train, "eval_s": t_eval, "total_s": time.perf_counter() - t_start,
-               "steps_run": steps - start, "s_per_step": t_train / max(1, steps - start)}
+               "steps_run": stop - start, "steps_done": steps_done, "epochs_done": steps_done * cfg.batch_size / N,
+               "s_per_step": t_train / max(1, stop - start), "step_s": step_s, "step_new_shapes": step_new_shapes}
     return TrainResult(params, metrics, report, float(sigma), steps, history, timings, reatt, counts_rel)
 
 
-__all__ = ["TrainConfig", "TrainResult", "dp_sgd_event", "lr_schedule", "privacy_setup", "train"]
+_poisson_keep = jax.jit(poisson_keep, static_argnums=(1, 2))
+
+
+class _PlainState(NamedTuple):
+    params: Any
+    opt_state: Any
+    step: jax.Array
+
+
+def _nonprivate_step(loss_fn, opt, params, batch_size: float):
+    """NON-PRIVATE reference twin of DPSGD.accumulate / apply: unclipped gradient sums, no noise, divided
+    by the expected batch size like the private step."""
+    tx = optax.chain(optax.scale(1.0 / batch_size), opt)
+
+    @jax.jit
+    def accumulate(params, acc, batch, mask):
+        keep = jnp.asarray(mask)
+        loss, g = jax.value_and_grad(lambda p: jnp.sum(jnp.where(keep, loss_fn(p, batch), 0.0)))(params)
+        sums = {"loss_sum": loss, "count": jnp.sum(keep), "num_nonfinite": jnp.int32(0)}
+        return jax.tree_util.tree_map(jnp.add, acc, g), sums
+
+    @jax.jit
+    def apply(state, acc):
+        upd, opt_state = tx.update(acc, state.opt_state, state.params)
+        return _PlainState(optax.apply_updates(state.params, upd), opt_state, state.step + 1)
+
+    return _PlainState(params, tx.init(params), jnp.zeros((), jnp.int32)), accumulate, apply
+
+
+__all__ = ["DEFAULT_WINDOWS", "TrainConfig", "TrainResult", "dp_sgd_event", "length_chunks", "lr_schedule",
+           "privacy_setup", "train"]

@@ -17,7 +17,6 @@ import pytest
 
 import jdp.clipping as jc
 from jdp.clipping.engine import lookup_rows
-from jdp.seqrec import _clip_fallback
 
 V = 11             # vocabulary of the test model
 B, T = 8, 5
@@ -271,8 +270,9 @@ def test_mask_must_be_an_indicator():
 
 
 def test_dp_sgd_step_and_vmap_fallback_ignore_nan_padding():
-    """Audit item 9: DP-SGD's step (metrics included) and the seq-rec vmap fallback are unaffected by a
-    NaN in a padding row; the fallback counts and drops a non-finite unmasked example."""
+    """Audit item 9: DP-SGD's step (metrics included) and the engine's vmap reference (the per-example path
+    seq-rec once had its own copy of) are unaffected by a NaN in a padding row; a non-finite unmasked
+    example is counted and dropped."""
     params, batch = _case()
     mask = jnp.array([1, 1, 1, 0, 1, 1, 1, 0], bool)
     dirty = _poison(batch, [3, 7], "nan-x")
@@ -286,7 +286,7 @@ def test_dp_sgd_step_and_vmap_fallback_ignore_nan_padding():
     assert int(outs[1][1]["num_nonfinite"]) == 0
     assert float(outs[1][1]["loss"]) == pytest.approx(float(outs[0][1]["loss"]), rel=1e-6)
 
-    fb = _jit(lambda p, b, m: _clip_fallback.clipped_grad(loss_fn, p, b, l2_clip=C, mask=m, micro_batch=4))
+    fb = _jit(lambda p, b, m: jc.clipped_grad(loss_fn, p, b, l2_clip=C, mask=m, method="vmap"))
     clean, res = fb(params, batch, mask), fb(params, dirty, mask)
     np.testing.assert_allclose(_flat(res.grad_sum), _flat(clean.grad_sum), rtol=1e-6, atol=1e-9)
     assert int(res.num_nonfinite) == 0 and float(res.norms[3]) == 0.0

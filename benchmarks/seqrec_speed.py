@@ -1,0 +1,140 @@
+"""DPFormer epoch time against the machine's floor (Amazon Games, full softmax over all items).
+
+  PYTHONPATH=. python -m benchmarks.seqrec_speed [--steps 0] [--vmap-steps 3]
+
+Measured on one machine in one run:
+- the floor: the FLOPs of one epoch at the REAL (non-padding) target positions (output layer forward +
+  two backward matmuls, 6·n·(M+1)·d, plus the Transformer body, ≈ 36·d² per position per block) divided
+  by the measured rate of the output-layer matmul [chunk_rows × d]·[d × (M+1)], plus one exp per position
+  and item (the fewest a softmax needs) divided by the measured rate of exp + row sum on the same shape;
+- `nonprivate_epoch_s` (plain gradients), `dp_epoch_s` (DP-SGD with `jdp.clipping`, method auto) and
+  `vmap_epoch_s` (the engine's exact vmap reference, a few steps only: it materialises B × params), each
+  in its own process (peak RSS), on the same Poisson samples (same key), DPFormer d=64, 2 blocks, 1 head,
+  dropout 0.5, batch 1024, the library's default length windows and chunk size.
+Epoch times are steady-state: (mean time of the steps that compiled no new chunk shape) × steps per
+epoch; the total including compilation is recorded too. Ratios are within this run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import resource
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from benchmarks.common import write_results
+
+TARGETS = {"nonprivate_epoch_s / floor_epoch_s": 1.5, "dp_epoch_s / nonprivate_epoch_s": 1.3}
+
+
+def _data(path):
+    from jdp.seqrec import data as data_mod
+    return data_mod.load("amazon-games", path=path)
+
+
+def _rates(n_items: int, d: int, rows: int) -> dict:
+    """Measured matmul FLOP/s and exp/s on the output layer's shape."""
+    import jax
+    import jax.numpy as jnp
+    a = jax.random.normal(jax.random.key(0), (rows, d))
+    b = jax.random.normal(jax.random.key(1), (d, n_items + 1))
+    mm = jax.jit(lambda a, b: a @ b)
+    ex = jax.jit(lambda z: jnp.sum(jnp.exp(z - 3.0), axis=-1))
+    z = mm(a, b).block_until_ready()
+    ex(z).block_until_ready()
+
+    def best(f, *x, reps=7):
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            f(*x).block_until_ready()
+            ts.append(time.perf_counter() - t0)
+        return float(np.median(ts))
+    t_mm, t_exp = best(mm, a, b), best(ex, z)
+    return {"matmul_flops_per_s": 2 * rows * d * (n_items + 1) / t_mm, "exp_per_s": rows * (n_items + 1) / t_exp,
+            "shape": [rows, d, n_items + 1]}
+
+
+def floor(data_path: str, d: int = 64, blocks: int = 2) -> dict:
+    from jdp.seqrec.train import TrainConfig
+    data = _data(data_path)
+    rows = TrainConfig().chunk_rows
+    n = int((data.train_target > 0).sum())
+    r = _rates(data.n_items, d, rows)
+    out_flops = 6.0 * n * (data.n_items + 1) * d
+    body_flops = 36.0 * d * d * blocks * n
+    exps = float(n) * (data.n_items + 1)
+    return {**r, "real_positions": n, "n_items": data.n_items, "output_flops": out_flops, "body_flops": body_flops,
+            "exps": exps, "floor_matmul_s": (out_flops + body_flops) / r["matmul_flops_per_s"],
+            "floor_exp_s": exps / r["exp_per_s"],
+            "floor_epoch_s": (out_flops + body_flops) / r["matmul_flops_per_s"] + exps / r["exp_per_s"]}
+
+
+def variant(name: str, data_path: str, steps: int) -> dict:
+    """One training variant (run in its own process): per-step times over `steps` steps."""
+    import jax
+
+    from jdp.seqrec.train import TrainConfig, sampling_plan, train
+    data = _data(data_path)
+    cfg = TrainConfig(model="dpformer", epsilon=None if name == "nonprivate" else 8.0, batch_size=1024, lr=1e-3,
+                      dropout=0.5, clipping="vmap" if name == "vmap" else "auto",
+                      chunk_rows=256 if name == "vmap" else TrainConfig().chunk_rows)
+    _, _, total = sampling_plan(data, cfg)
+    per_epoch = int(np.ceil(data.n_users / cfg.batch_size))
+    n = per_epoch if steps <= 0 else min(steps, total)
+    r = train(data, cfg, jax.random.key(0), progress=False, evaluate_test=False, max_steps=n)
+    t = np.array(r.timings["step_s"])
+    warm = np.array(r.timings["step_new_shapes"]) == 0
+    steady = float(t[warm].mean()) if warm.any() else float(t.mean())
+    return {"variant": name, "clipping": cfg.clipping, "chunk_rows": cfg.chunk_rows, "steps_timed": int(n),
+            "steps_per_epoch": per_epoch, "steady_steps": int(warm.sum()), "step_s": t.tolist(),
+            "epoch_s": steady * per_epoch, "total_s_with_compile": float(t.sum()) * per_epoch / n,
+            "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data-path", default=None, help="Video.txt (default ../shared/datasets/amazon-games/Video.txt)")
+    ap.add_argument("--steps", type=int, default=0, help="steps timed per variant (0: one epoch)")
+    ap.add_argument("--vmap-steps", type=int, default=3)
+    ap.add_argument("--variant", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    root = pathlib.Path(__file__).resolve().parents[1]
+    path = args.data_path or str(root.parent / "shared" / "datasets" / "amazon-games" / "Video.txt")
+    if args.variant:
+        print(json.dumps(variant(args.variant, path, args.steps)))
+        return 0
+    fl = floor(path)
+    print(json.dumps({k: v for k, v in fl.items()}, default=float), flush=True)
+    rows = {}
+    for name, steps in (("nonprivate", args.steps), ("dp", args.steps), ("vmap", args.vmap_steps)):
+        out = subprocess.run([sys.executable, "-m", "benchmarks.seqrec_speed", "--variant", name, "--steps",
+                              str(steps), "--data-path", path], capture_output=True, text=True, cwd=root)
+        if out.returncode:
+            rows[name] = {"variant": name, "error": out.stderr.strip().splitlines()[-1:]}
+        else:
+            rows[name] = json.loads(out.stdout.strip().splitlines()[-1])
+        print(json.dumps({k: v for k, v in rows[name].items() if k != "step_s"}), flush=True)
+    summary = {"floor_epoch_s": fl["floor_epoch_s"]}
+    for name in rows:
+        if "epoch_s" in rows[name]:
+            summary[f"{name}_epoch_s"] = rows[name]["epoch_s"]
+            summary[f"{name}_peak_rss_gib"] = rows[name]["peak_rss_gib"]
+    if "nonprivate_epoch_s" in summary:
+        summary["nonprivate_epoch_s / floor_epoch_s"] = summary["nonprivate_epoch_s"] / summary["floor_epoch_s"]
+        if "dp_epoch_s" in summary:
+            summary["dp_epoch_s / nonprivate_epoch_s"] = summary["dp_epoch_s"] / summary["nonprivate_epoch_s"]
+        if "vmap_epoch_s" in summary:
+            summary["vmap_epoch_s / nonprivate_epoch_s"] = summary["vmap_epoch_s"] / summary["nonprivate_epoch_s"]
+    summary["targets"] = {k: {"target": v, "met": bool(summary.get(k, np.inf) <= v)} for k, v in TARGETS.items()}
+    print(json.dumps(summary, indent=1))
+    write_results("seqrec_speed", list(rows.values()), floor=fl, summary=summary, **summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
