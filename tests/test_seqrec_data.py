@@ -56,6 +56,26 @@ def test_rating_reader_sorts_by_time_and_filters(tmp_path):
         data.load("netflix", path=f)
 
 
+def test_ml1m_loader_reads_a_generated_ratings_dat(tmp_path):
+    """ML-1M (paper Table 1) from a user-given path: `user::item::rating::timestamp`, SASRec preprocessing
+    (users and items with >= 5 ratings, time order, leave-last-out, maxlen 200)."""
+    rng = np.random.default_rng(0)
+    lines = []
+    for u in range(1, 41):
+        items = rng.choice(np.arange(1, 31), size=rng.integers(3, 12), replace=False)
+        lines += [f"{u}::{i}::{rng.integers(1, 6)}::{1000 * u + t}\n" for t, i in enumerate(items)]
+    f = tmp_path / "ratings.dat"
+    f.write_text("".join(lines))
+    d = data.load("ml-1m", path=f)
+    seqs, n = data.read_ratings(f)
+    assert d.maxlen == 200 and d.n_items == n and d.n_users == len(seqs)
+    assert all(len(s) >= 5 for s in seqs)  # the per-user filter
+    last = [s[-1] for s in seqs]
+    np.testing.assert_array_equal(d.test_target, last)
+    np.testing.assert_array_equal(d.valid_target, [s[-2] for s in seqs])
+    assert d.test_input[0, -1] == seqs[0][-2] and d.train_target[0, -1] == seqs[0][-3]
+
+
 def test_real_datasets_statistics(datasets_dir):
     seqs, n = data.read_sasrec(datasets_dir / "amazon-games" / "Video.txt")
     assert (len(seqs), n, sum(len(s) for s in seqs)) == (31013, 23715, 287107)

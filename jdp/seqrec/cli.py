@@ -41,6 +41,8 @@ def register(subparsers) -> None:
     p.add_argument("--weight-decay", type=float, default=1e-5)
     p.add_argument("--warmup-frac", type=float, default=0.2)
     p.add_argument("--clip", type=float, default=1.0, help="per-user L2 clip norm C")
+    p.add_argument("--normalize", action="store_true",
+                   help="normalised clipping g·C/||g|| (the DPFormer paper's variant) instead of min(1, C/||g||)")
     p.add_argument("--maxlen", type=int, default=None, help="default 50 (Amazon) / 200 (MovieLens)")
     p.add_argument("--d", type=int, default=64)
     p.add_argument("--heads", type=int, default=1)
@@ -109,8 +111,8 @@ def run(args: argparse.Namespace) -> int:
     dropout = args.dropout if args.dropout is not None else (0.5 if amazon else 0.2)
     cfg = TrainConfig(model=args.model, epsilon=None if args.non_private else args.epsilon, delta=args.delta,
                       epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_frac=args.warmup_frac,
-                      weight_decay=args.weight_decay, l2_clip=args.clip, d=args.d, heads=args.heads,
-                      blocks=args.blocks, dropout=dropout, chunk_rows=args.chunk_rows, clipping=args.clipping,
+                      weight_decay=args.weight_decay, l2_clip=args.clip, normalize=args.normalize, d=args.d,
+                      heads=args.heads, blocks=args.blocks, dropout=dropout, chunk_rows=args.chunk_rows, clipping=args.clipping,
                       hist_noise_multiplier=args.hist_noise_multiplier,
                       eval_every_epochs=args.eval_every, mask_history=args.mask_history,
                       length_buckets=tuple(int(b) for b in args.length_buckets.split(",") if b.strip()),
