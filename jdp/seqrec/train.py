@@ -247,7 +247,7 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     lens = (data.train_input > 0).sum(1)
     windows = np.array(sorted({int(b) for b in cfg.length_buckets if 0 < b < L} | {L}))
     n_data = data.n_users
-    eval_every = int(round(cfg.eval_every_epochs * N / cfg.batch_size)) if cfg.eval_every_epochs > 0 else 0
+    eval_every = max(1, int(round(cfg.eval_every_epochs * per_epoch))) if cfg.eval_every_epochs > 0 else 0
     t_train, epoch_loss, epoch_count = 0.0, 0.0, 0
     step_s, shapes_seen, step_new_shapes = [], set(), []  # per-step time; steps that compiled a new chunk shape
     it = tqdm(range(start, stop), desc=f"{cfg.model} eps={cfg.epsilon}", disable=not progress, initial=start,
