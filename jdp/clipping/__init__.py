@@ -7,9 +7,9 @@ embeddings, exact cross-site terms, book-keeping) and an exact vmap fallback for
 PrivacyReport from dp_accounting.
 """
 from jdp.clipping.dp_sgd import (DPSGD, DPSGDState, calibrate_noise_multiplier, default_max_batch_size,
-                                 dp_aggregate, dp_sgd, dp_sgd_event, poisson_sample)
+                                 dp_aggregate, dp_sgd, dp_sgd_event, poisson_indices, poisson_sample)
 from jdp.clipping.engine import METHODS, ClippedGrad, clipped_grad, explain, per_example_grads_reference
 
 __all__ = ["METHODS", "ClippedGrad", "DPSGD", "DPSGDState", "calibrate_noise_multiplier", "clipped_grad",
            "default_max_batch_size", "dp_aggregate", "dp_sgd", "dp_sgd_event", "explain",
-           "per_example_grads_reference", "poisson_sample"]
+           "per_example_grads_reference", "poisson_indices", "poisson_sample"]

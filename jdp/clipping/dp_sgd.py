@@ -65,6 +65,12 @@ def poisson_keep(key: jax.Array, num_examples: int, sampling_rate: float) -> jax
     return jax.random.uniform(key, (num_examples,)) < sampling_rate
 
 
+def poisson_indices(key: jax.Array, num_examples: int, sampling_rate: float) -> np.ndarray:
+    """All rows of one Poisson sample (`poisson_keep`), variable size, on the host: for callers that lay a
+    sample out in their own physical chunks and `DPSGD.accumulate` them."""
+    return np.flatnonzero(np.asarray(_keep_jit(key, int(num_examples), float(sampling_rate))))
+
+
 def poisson_sample(key: jax.Array, num_examples: int, sampling_rate: float, max_batch_size: int):
     """Poisson sample of row indices padded to a static size.
 
@@ -183,7 +189,7 @@ class DPSGD:
     def sample_indices(self, key: jax.Array) -> np.ndarray:
         """The rows of one Poisson sample, all of them (variable size, on the host): for callers that lay
         the sample out in their own physical chunks (e.g. by sequence length) and `accumulate` them."""
-        return np.flatnonzero(np.asarray(_keep_jit(key, self.num_examples, self.sampling_rate)))
+        return poisson_indices(key, self.num_examples, self.sampling_rate)
 
     def _clipped(self, params: Any, batch: Any, mask: jax.Array):
         cg = clipped_grad(self.loss_fn, params, batch, l2_clip=self.l2_clip, mask=mask,
@@ -310,4 +316,4 @@ def dp_sgd(loss_fn: Callable, optimizer: optax.GradientTransformation, *, num_ex
 
 
 __all__ = ["DPAggregateState", "DPSGD", "DPSGDState", "calibrate_noise_multiplier", "default_max_batch_size",
-           "dp_aggregate", "dp_sgd", "dp_sgd_event", "poisson_keep", "poisson_sample"]
+           "dp_aggregate", "dp_sgd", "dp_sgd_event", "poisson_indices", "poisson_keep", "poisson_sample"]

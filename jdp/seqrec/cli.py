@@ -112,8 +112,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = TrainConfig(model=args.model, epsilon=None if args.non_private else args.epsilon, delta=args.delta,
                       epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_frac=args.warmup_frac,
                       weight_decay=args.weight_decay, l2_clip=args.clip, normalize=args.normalize, d=args.d,
-                      heads=args.heads, blocks=args.blocks, dropout=dropout, chunk_rows=args.chunk_rows, clipping=args.clipping,
-                      hist_noise_multiplier=args.hist_noise_multiplier,
+                      heads=args.heads, blocks=args.blocks, dropout=dropout, chunk_rows=args.chunk_rows,
+                      clipping=args.clipping, hist_noise_multiplier=args.hist_noise_multiplier,
                       eval_every_epochs=args.eval_every, mask_history=args.mask_history,
                       length_buckets=tuple(int(b) for b in args.length_buckets.split(",") if b.strip()),
                       n_users_public=args.n_users)

@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 
 from jdp import accounting
 from jdp.clipping import METHODS as CLIPPING_METHODS
-from jdp.clipping.dp_sgd import dp_sgd, dp_sgd_event, poisson_keep
+from jdp.clipping.dp_sgd import dp_sgd, dp_sgd_event, poisson_indices
 from jdp.seqrec import reattention as ra
 from jdp.seqrec.data import SeqData, item_presence
 from jdp.seqrec.evaluate import evaluate, make_rank_fn_reatt
@@ -228,6 +228,7 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
         accumulate, apply = dp.accumulate, dp.apply
     else:  # NON-PRIVATE reference: plain gradient sums, the same sampling, schedule and optimiser
         state, accumulate, apply = _nonprivate_step(loss_fn, opt, params, cfg.batch_size)
+    # every release before training (histogram, vocabulary): privacy_setup appends the DP-SGD steps last
     fixed_events = [r.composed_event() for r in report.releases[:-1]] if private else []
 
     start = 0
@@ -255,7 +256,7 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     for step in it:
         t0 = time.perf_counter()
         k_step = jax.random.fold_in(k_sample, step)
-        idx = np.flatnonzero(np.asarray(_poisson_keep(k_step, N, q)))
+        idx = poisson_indices(k_step, N, q)  # the rule of every jdp DP-SGD step (same for the reference)
         idx = idx[idx < n_data]  # ids of the declared population without data contribute nothing
         kd = jax.random.fold_in(k_dropout, step)
         acc, loss_sum, count, nonfinite = zero, 0.0, 0, 0
@@ -270,7 +271,8 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
                      "target": jnp.asarray(data.train_target[users, L - w:]),
                      "key": jax.random.split(jax.random.fold_in(kd, c), pos.size)}
             acc, sums = accumulate(state.params, acc, batch, mask)
-            loss_sum, count, nonfinite = loss_sum + sums["loss_sum"], count + sums["count"], nonfinite + sums["num_nonfinite"]
+            loss_sum, count = loss_sum + sums["loss_sum"], count + sums["count"]
+            nonfinite = nonfinite + sums["num_nonfinite"]
         if int(nonfinite):  # such users were dropped (the bound holds), but training has diverged
             raise FloatingPointError(f"step {step}: {int(nonfinite)} sampled users had a non-finite loss or "
                                      "gradient (lower the learning rate or check the data)")
@@ -317,9 +319,6 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
                "steps_run": stop - start, "steps_done": steps_done, "epochs_done": steps_done * cfg.batch_size / N,
                "s_per_step": t_train / max(1, stop - start), "step_s": step_s, "step_new_shapes": step_new_shapes}
     return TrainResult(params, metrics, report, float(sigma), steps, history, timings, reatt, counts_rel)
-
-
-_poisson_keep = jax.jit(poisson_keep, static_argnums=(1, 2))
 
 
 class _PlainState(NamedTuple):

@@ -294,3 +294,29 @@ def test_dp_sgd_step_and_vmap_fallback_ignore_nan_padding():
     want = fb(params, _poison(batch, [4], "inf-x"), jnp.arange(B) != 4)
     assert int(res.num_nonfinite) == 1
     np.testing.assert_allclose(_flat(res.grad_sum), _flat(want.grad_sum), rtol=1e-6, atol=1e-9)
+
+
+def test_chunked_accumulate_adds_at_most_one_clip_bound_per_added_unit():
+    """DPSGD.accumulate over a sample laid out in chunks of different shapes (as jdp.seqrec does): adding
+    the worst neighbour (a unit with a huge gradient, in a chunk of its own shape, padding rows beside it)
+    moves the accumulated sum by at most C, and by exactly C when it is clipped; masked padding rows and
+    the chunk layout change nothing."""
+    params, batch = _case(scale=3.0)
+    dp = jc.dp_sgd(loss_fn, optax.sgd(0.1), num_examples=B, batch_size=4, l2_clip=C, delta=1e-5, steps=1,
+                   noise_multiplier=1.0)
+    take = lambda rows: jax.tree.map(lambda a: a[np.asarray(rows)], batch)  # noqa: E731
+    zero = jax.tree.map(jnp.zeros_like, params)
+
+    def layout(chunks):
+        acc = zero
+        for rows, mask in chunks:
+            acc, _ = dp.accumulate(params, acc, take(rows), jnp.asarray(mask))
+        return _flat(acc)
+
+    base = layout([([4, 5, 6], [1, 1, 1]), ([3, 3], [1, 0])])
+    same = layout([([4, 5], [1, 1]), ([6, 3, 3, 3], [1, 1, 0, 0])])     # other chunk shapes, more padding
+    np.testing.assert_allclose(same, base, rtol=1e-5, atol=1e-5)
+    worst = layout([([4, 5, 6], [1, 1, 1]), ([3, 7], [1, 1])])         # neighbour: unit 7 added
+    norm7 = float(jc.clipped_grad(loss_fn, params, take([7]), l2_clip=C).norms[0])
+    assert norm7 > C  # the added unit is clipped: the bound is attained
+    assert np.linalg.norm(worst - base) == pytest.approx(C, rel=SENS_REL * 10)
