@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 
 import dp_accounting
 import numpy as np
+import scipy.optimize
 from dp_accounting import dp_event as dpe
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
@@ -194,17 +195,23 @@ def calibrate(make_event: Callable[[float], dpe.DpEvent], epsilon: float, delta:
               relation: NeighborRel = NeighborRel.ADD_OR_REMOVE_ONE) -> float:
     """Smallest parameter (e.g. noise multiplier) in `bracket` whose event spends at most (ε, δ).
 
-    Bisection over `compute_epsilon` itself (the spend is non-increasing in the parameter), so the
-    calibrated parameter spends at most ε by exactly the rule the report uses; raises ValueError when
-    the budget cannot be met inside the bracket (e.g. a fixed part of the budget already exceeds ε).
+    Root finding over `compute_epsilon` itself (the spend is non-increasing in the parameter): Brent's
+    method on log(parameter) to a relative tolerance (about a dozen accountant calls instead of ~30 for
+    bisection), then the returned parameter is checked and, if needed, stepped up until it spends at most
+    ε by exactly the rule the report uses. `tol`: absolute tolerance on the parameter (default 1e-6
+    relative). Raises ValueError when the budget cannot be met inside the bracket (e.g. a fixed part of
+    the budget already exceeds ε).
     """
     epsilon, delta = check_epsilon(epsilon), check_delta(delta)
     lo, hi = bracket
     if not (0 < lo < hi and math.isfinite(hi)):
         raise ValueError(f"bracket must satisfy 0 < lo < hi < inf, got {bracket!r}")
+    memo: dict[float, float] = {}
 
     def spends(param: float) -> float:
-        return compute_epsilon(make_event(param), delta, accountant, orders, relation)
+        if param not in memo:
+            memo[param] = compute_epsilon(make_event(param), delta, accountant, orders, relation)
+        return memo[param]
 
     eps_hi = spends(hi)
     if eps_hi > epsilon:
@@ -212,11 +219,18 @@ def calibrate(make_event: Callable[[float], dpe.DpEvent], epsilon: float, delta:
             f"cannot reach epsilon={epsilon} at delta={delta}: even parameter {hi} spends {eps_hi:.4g}")
     if spends(lo) <= epsilon:
         return float(lo)
-    tol = tol if tol is not None else 1e-6 * max(1.0, lo)
-    while hi - lo > tol:  # invariant: lo spends more than ε, hi at most ε
-        mid = 0.5 * (lo + hi)
-        lo, hi = (lo, mid) if spends(mid) <= epsilon else (mid, hi)
-    return float(hi)
+    log_lo, log_hi = math.log(lo), math.log(hi)
+    xtol = 1e-6 if tol is None else max(float(tol) / hi, 1e-12)
+
+    def excess(x: float) -> float:
+        p = lo if x <= log_lo else hi if x >= log_hi else math.exp(x)
+        return spends(p) - epsilon
+
+    x = scipy.optimize.brentq(excess, log_lo, log_hi, xtol=xtol, rtol=1e-12)
+    step = 2.0 * xtol
+    while x < log_hi and excess(x) > 0.0:  # land on the side that spends at most ε
+        x, step = min(log_hi, x + step), 2.0 * step
+    return float(hi if x >= log_hi else math.exp(x))
 
 
 # ----------------------------------------------------------------------------------------------------
