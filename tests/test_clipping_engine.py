@@ -310,3 +310,16 @@ def test_bad_inputs():
     cg = jax.jit(lambda p, b: jc.clipped_grad(
         lambda p, b: loss_fn(p, b) * jnp.where(b["y"] == 2, jnp.inf, 1.0), p, b, l2_clip=1.0))(params, batch)
     assert int(cg.num_nonfinite) == 1 and float(cg.clip_factors[2]) == 0.0
+
+
+def test_long_lookup_norms_sum_repeated_ids_exactly():
+    # sort-based norms of a long lookup (T = 300, many repeated ids) equal ||onehot^T R||^2 built densely
+    from jdp.clipping.norms import lookup_sq_norms
+    rng = np.random.default_rng(0)
+    ids = jnp.asarray(rng.integers(0, 40, size=(3, 300)), jnp.int32)
+    R = jnp.asarray(rng.normal(size=(3, 300, 5)), jnp.float32)
+    dense = jax.vmap(lambda i, r: jnp.sum(jnp.zeros((40, 5)).at[i].add(r) ** 2))(ids, R)
+    np.testing.assert_allclose(np.asarray(lookup_sq_norms(ids, R)), np.asarray(dense), rtol=1e-5)
+    short = lookup_sq_norms(ids[:, :4], R[:, :4])  # the dense form below the size threshold
+    np.testing.assert_allclose(np.asarray(short), np.asarray(jax.vmap(
+        lambda i, r: jnp.sum(jnp.zeros((40, 5)).at[i].add(r) ** 2))(ids[:, :4], R[:, :4])), rtol=1e-5)

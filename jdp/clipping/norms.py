@@ -94,6 +94,27 @@ def _chunk_size(B: int, P: int, Q: int, memory_limit: int) -> int:
     return int(max(1, min(B, memory_limit // max(1, 4 * P * Q))))
 
 
+def lookup_sq_norms(ids: jax.Array, R: jax.Array) -> jax.Array:
+    """||onehot(ids_b)^T R_b||^2 per example [B]: rows of R with equal ids summed, then squared.
+
+    Sorting the ids and summing runs of equal ids costs O(T log T + T Q) per example; the equality
+    matrix [T, T] it replaces costs O(T^2 Q) and dominates for long lookups (e.g. sampled-softmax
+    candidates, T ~ 10^3)."""
+    T = ids.shape[1]
+    if T * T <= 4 * T * max(1, math.ceil(math.log2(max(T, 2)))):  # tiny T: the dense form is cheaper
+        eq = (ids[:, :, None] == ids[:, None, :]).astype(R.dtype)
+        return jnp.einsum("btu,btq,buq->b", eq, R, R)
+
+    def one(i, r):
+        order = jnp.argsort(i)
+        s = i[order]
+        seg = jnp.cumsum(jnp.concatenate([jnp.zeros((1,), jnp.int32), (s[1:] != s[:-1]).astype(jnp.int32)]))
+        sums = jax.ops.segment_sum(r[order], seg, num_segments=T, indices_are_sorted=True)
+        return jnp.sum(sums * sums)
+
+    return jax.vmap(one)(ids, R)
+
+
 def sq_norms_diag(c: LeafContribs, method: str, memory_limit: int) -> jax.Array:
     """Per-example squared norms [B] of one leaf's gradient."""
     n2 = 0.0
@@ -102,8 +123,7 @@ def sq_norms_diag(c: LeafContribs, method: str, memory_limit: int) -> jax.Array:
     if c.lookups:
         ids = _cat([i for i, _ in c.lookups])
         R_l = _cat([r for _, r in c.lookups])
-        eq = (ids[:, :, None] == ids[:, None, :]).astype(R_l.dtype)
-        n2 = n2 + jnp.einsum("btu,btq,buq->b", eq, R_l, R_l)
+        n2 = n2 + lookup_sq_norms(ids, R_l)
     if c.mats and not inst_mat:
         L = _cat([l for l, _ in c.mats])
         R = _cat([r for _, r in c.mats])
