@@ -1,6 +1,6 @@
 """DPFormer epoch time against the machine's floor (Amazon Games, full softmax over all items).
 
-  PYTHONPATH=. python -m benchmarks.seqrec_speed [--steps 0] [--vmap-steps 3]
+  PYTHONPATH=. python -m benchmarks.seqrec_speed [--steps 0] [--vmap-steps 3] [--variants ...]
 
 Measured on one machine in one run:
 - the floor: the FLOPs of one epoch at the REAL (non-padding) target positions (output layer forward +
@@ -10,7 +10,9 @@ Measured on one machine in one run:
 - `nonprivate_epoch_s` (plain gradients), `dp_epoch_s` (DP-SGD with `jdp.clipping`, method auto) and
   `vmap_epoch_s` (the engine's exact vmap reference, a few steps only: it materialises B × params), each
   in its own process (peak RSS), on the same Poisson samples (same key), DPFormer d=64, 2 blocks, 1 head,
-  dropout 0.5, batch 1024, the library's default length windows and chunk size.
+  dropout 0.5, batch 1024, the library's default length windows and chunk size;
+- `dp_sampled_epoch_s`: the same DP-SGD with a sampled softmax (`--negatives` uniform negatives per step,
+  beyond the paper; its quality is compared in the seqrec results).
 Epoch times are steady-state: (mean time of the steps that compiled no new chunk shape) × steps per
 epoch; the total including compilation is recorded too. Ratios are within this run.
 """
@@ -74,7 +76,7 @@ def floor(data_path: str, d: int = 64, blocks: int = 2) -> dict:
             "floor_epoch_s": (out_flops + body_flops) / r["matmul_flops_per_s"] + exps / r["exp_per_s"]}
 
 
-def variant(name: str, data_path: str, steps: int) -> dict:
+def variant(name: str, data_path: str, steps: int, negatives: int = 1024) -> dict:
     """One training variant (run in its own process): per-step times over `steps` steps."""
     import jax
 
@@ -82,7 +84,8 @@ def variant(name: str, data_path: str, steps: int) -> dict:
     data = _data(data_path)
     cfg = TrainConfig(model="dpformer", epsilon=None if name == "nonprivate" else 8.0, batch_size=1024, lr=1e-3,
                       dropout=0.5, clipping="vmap" if name == "vmap" else "auto",
-                      chunk_rows=256 if name == "vmap" else TrainConfig().chunk_rows)
+                      chunk_rows=256 if name == "vmap" else TrainConfig().chunk_rows,
+                      negatives=negatives if name == "dp_sampled" else 0)
     _, _, total = sampling_plan(data, cfg)
     per_epoch = int(np.ceil(data.n_users / cfg.batch_size))
     n = per_epoch if steps <= 0 else min(steps, total)
@@ -90,7 +93,8 @@ def variant(name: str, data_path: str, steps: int) -> dict:
     t = np.array(r.timings["step_s"])
     warm = np.array(r.timings["step_new_shapes"]) == 0
     steady = float(t[warm].mean()) if warm.any() else float(t.mean())
-    return {"variant": name, "clipping": cfg.clipping, "chunk_rows": cfg.chunk_rows, "steps_timed": int(n),
+    return {"variant": name, "clipping": cfg.clipping, "chunk_rows": cfg.chunk_rows, "negatives": cfg.negatives,
+            "steps_timed": int(n),
             "steps_per_epoch": per_epoch, "steady_steps": int(warm.sum()), "step_s": t.tolist(),
             "epoch_s": steady * per_epoch, "total_s_with_compile": float(t.sum()) * per_epoch / n,
             "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
@@ -101,19 +105,25 @@ def main(argv=None) -> int:
     ap.add_argument("--data-path", default=None, help="Video.txt (default ../shared/datasets/amazon-games/Video.txt)")
     ap.add_argument("--steps", type=int, default=0, help="steps timed per variant (0: one epoch)")
     ap.add_argument("--vmap-steps", type=int, default=3)
+    ap.add_argument("--negatives", type=int, default=1024, help="negatives per step of the dp_sampled variant")
+    ap.add_argument("--variants", default="nonprivate,dp,vmap,dp_sampled",
+                    help="comma-separated; a subset writes seqrec_speed_<subset>.json instead of seqrec_speed.json")
     ap.add_argument("--variant", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     root = pathlib.Path(__file__).resolve().parents[1]
     path = args.data_path or str(root.parent / "shared" / "datasets" / "amazon-games" / "Video.txt")
     if args.variant:
-        print(json.dumps(variant(args.variant, path, args.steps)))
+        print(json.dumps(variant(args.variant, path, args.steps, args.negatives)))
         return 0
     fl = floor(path)
     print(json.dumps({k: v for k, v in fl.items()}, default=float), flush=True)
     rows = {}
-    for name, steps in (("nonprivate", args.steps), ("dp", args.steps), ("vmap", args.vmap_steps)):
+    names = [v.strip() for v in args.variants.split(",") if v.strip()]
+    for name in names:
+        steps = args.vmap_steps if name == "vmap" else args.steps
         out = subprocess.run([sys.executable, "-m", "benchmarks.seqrec_speed", "--variant", name, "--steps",
-                              str(steps), "--data-path", path], capture_output=True, text=True, cwd=root)
+                              str(steps), "--data-path", path, "--negatives", str(args.negatives)],
+                             capture_output=True, text=True, cwd=root)
         if out.returncode:
             rows[name] = {"variant": name, "error": out.stderr.strip().splitlines()[-1:]}
         else:
@@ -130,9 +140,13 @@ def main(argv=None) -> int:
             summary["dp_epoch_s / nonprivate_epoch_s"] = summary["dp_epoch_s"] / summary["nonprivate_epoch_s"]
         if "vmap_epoch_s" in summary:
             summary["vmap_epoch_s / nonprivate_epoch_s"] = summary["vmap_epoch_s"] / summary["nonprivate_epoch_s"]
+    if "dp_sampled_epoch_s" in summary and "dp_epoch_s" in summary:
+        summary["dp_sampled_epoch_s / dp_epoch_s"] = summary["dp_sampled_epoch_s"] / summary["dp_epoch_s"]
     summary["targets"] = {k: {"target": v, "met": bool(summary.get(k, np.inf) <= v)} for k, v in TARGETS.items()}
     print(json.dumps(summary, indent=1))
-    write_results("seqrec_speed", list(rows.values()), floor=fl, summary=summary, **summary)
+    full = names == ["nonprivate", "dp", "vmap", "dp_sampled"]
+    write_results("seqrec_speed" if full else "seqrec_speed_" + "_".join(names), list(rows.values()), floor=fl,
+                  summary=summary, **summary)
     return 0
 
 

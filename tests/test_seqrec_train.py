@@ -27,18 +27,10 @@ def _toy(n_users=48, n_items=20, maxlen=6, seed=0):
     return data.leave_last_out(seqs, n_items, maxlen)
 
 
-@pytest.mark.parametrize("method", ["auto", "vmap"])
-def test_library_clipping_on_dpformer_equals_naive_per_example_clipping(method):
-    d = _toy()
-    model = models.make_model("dpformer", d.n_items, d.maxlen, d=8, heads=1, blocks=1, dropout=0.0)
-    params = jax.jit(model.init)(jax.random.key(0), jnp.asarray(d.train_input[:2]))
-    reatt = {"w_var": 1e-4, "emb_var": jnp.full((d.n_items + 1,), 1e-2)}
-    loss_fn = models.make_loss_fn(model, reatt, deterministic=True)
-    B = 8
-    batch = {"input": jnp.asarray(d.train_input[:B]), "target": jnp.asarray(d.train_target[:B]),
-             "key": jax.random.split(jax.random.key(1), B)}
-    mask = jnp.array([1, 1, 1, 0, 1, 1, 1, 1], jnp.float32)
-    res = jax.jit(lambda p: clipped_grad(loss_fn, p, batch, l2_clip=0.05, mask=mask, method=method))(params)
+def _assert_equals_naive_clipping(loss_fn, params, batch, method, clip=0.05):
+    B = batch["input"].shape[0]
+    mask = jnp.array([1, 1, 1, 0] + [1] * (B - 4), jnp.float32)
+    res = jax.jit(lambda p: clipped_grad(loss_fn, p, batch, l2_clip=clip, mask=mask, method=method))(params)
     one = jax.jit(jax.grad(lambda p, ex: loss_fn(p, ex)[0]))
     want = jax.tree_util.tree_map(jnp.zeros_like, params)
     for i in range(B):
@@ -46,15 +38,69 @@ def test_library_clipping_on_dpformer_equals_naive_per_example_clipping(method):
         n = float(jnp.sqrt(sum(jnp.sum(x ** 2) for x in jax.tree_util.tree_leaves(g))))
         if mask[i]:
             assert float(res.norms[i]) == pytest.approx(n, rel=1e-4)
-            want = jax.tree_util.tree_map(lambda a, b: a + b * min(1.0, 0.05 / n), want, g)
+            want = jax.tree_util.tree_map(lambda a, b: a + b * min(1.0, clip / n), want, g)
     assert float(res.norms[3]) == 0.0
     for a, b in zip(jax.tree_util.tree_leaves(res.grad_sum), jax.tree_util.tree_leaves(want)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
 
 
+@pytest.mark.parametrize("method", ["auto", "vmap"])
+def test_library_clipping_on_dpformer_equals_naive_per_example_clipping(method):
+    d = _toy()
+    model = models.make_model("dpformer", d.n_items, d.maxlen, d=8, heads=1, blocks=1, dropout=0.0)
+    params = jax.jit(model.init)(jax.random.key(0), jnp.asarray(d.train_input[:2]))
+    reatt = {"w_var": 1e-4, "emb_var": jnp.full((d.n_items + 1,), 1e-2)}
+    B = 8
+    batch = {"input": jnp.asarray(d.train_input[:B]), "target": jnp.asarray(d.train_target[:B]),
+             "key": jax.random.split(jax.random.key(1), B)}
+    _assert_equals_naive_clipping(models.make_loss_fn(model, reatt, deterministic=True), params, batch, method)
+
+
+@pytest.mark.parametrize("model_name", ["dpformer", "gru"])
+def test_sampled_softmax_clipping_equals_naive_per_example_clipping(model_name):
+    # the tied table is read three times (inputs, targets, the step's shared negatives): the engine's
+    # lookup norms (sort-based for long lookups) must still give every user's exact gradient norm
+    d = _toy()
+    model = models.make_model(model_name, d.n_items, d.maxlen, d=8, heads=1, blocks=1, dropout=0.0)
+    params = jax.jit(model.init)(jax.random.key(0), jnp.asarray(d.train_input[:2]))
+    probs = np.linspace(1.0, 3.0, d.n_items)
+    probs /= probs.sum()
+    negs = train.sample_negatives(jax.random.key(3), d.n_items, 12, probs)
+    assert len(set(negs.tolist())) == 12 and negs.min() >= 1 and negs.max() <= d.n_items
+    log_q = jnp.log(jnp.asarray(np.concatenate([[1.0], probs]), jnp.float32))
+    B = 8
+    batch = {"input": jnp.asarray(d.train_input[:B]), "target": jnp.asarray(d.train_target[:B]),
+             "key": jax.random.split(jax.random.key(1), B), "negatives": jnp.broadcast_to(jnp.asarray(negs), (B, 12))}
+    _assert_equals_naive_clipping(models.make_loss_fn(model, None, deterministic=True, log_q=log_q), params, batch,
+                                  "auto")
+
+
+def test_sampled_loss_is_corrected_cross_entropy_without_accidental_hits():
+    rng = np.random.default_rng(0)
+    logits = jnp.asarray(rng.normal(size=(2, 3, 4)), jnp.float32)  # [target, 3 negatives]
+    targets = jnp.array([[0, 5, 2], [1, 2, 3]])
+    negs = jnp.array([[2, 4, 6], [3, 7, 9]])
+    log_q = jnp.log(jnp.arange(1.0, 11.0) / 55.0)
+    got = np.asarray(models.sampled_next_item_loss(logits, targets, negs, log_q))
+    want = []
+    for b in range(2):
+        tot, n = 0.0, 0
+        for t in range(3):
+            if targets[b, t] == 0:
+                continue
+            ids = [int(targets[b, t])] + [int(x) for x in negs[b]]
+            z = np.asarray(logits[b, t]) - np.asarray(log_q)[ids]
+            keep = [0] + [j + 1 for j, x in enumerate(negs[b]) if int(x) != int(targets[b, t])]
+            z = z[keep]
+            tot += np.log(np.exp(z).sum()) - z[0]
+            n += 1
+        want.append(tot / n)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
 def test_private_dpformer_report_histogram_checkpoint(tmp_path):
     d = _toy()
-    cfg = train.TrainConfig(model="dpformer", epsilon=4.0, epochs=1.0, batch_size=16, chunk_rows=96,
+    cfg = train.TrainConfig(model="dpformer", epsilon=4.0, epochs=1.0, batch_size=16, chunk_rows=256,
                             d=8, blocks=1, dropout=0.1, lr=1e-2, eval_chunk=32, length_buckets=())
     ck = tmp_path / "ck.msgpack"
     r = train.train(d, cfg, jax.random.key(0), checkpoint=ck, progress=False)
@@ -140,3 +186,26 @@ def test_invalid_configs_raise():
     # sanity: the calibrated noise multiplier matches the accountant for the composed events
     ev = train.dp_sgd_event(1.0, 0.1, 100)
     assert accounting.compute_epsilon(ev, 1e-5) > 0
+
+
+def test_sampled_softmax_training_states_its_negatives_and_learns():
+    d = _toy(n_users=96)
+    base = train.TrainConfig(model="gru", epsilon=None, epochs=6.0, batch_size=32, chunk_rows=1024, d=16,
+                             dropout=0.0, lr=3e-2, warmup_frac=0.0, eval_chunk=64, length_buckets=(), negatives=8)
+    r = train.train(d, base, jax.random.key(0), progress=False, evaluate_test=False)
+    assert r.privacy is None and r.metrics["hit_at_10_valid"] > 0.8  # cyclic walks: learnable from 8 negatives
+    # private: the report says where the negatives come from; popularity needs public or released counts
+    cfg = dataclasses.replace(base, model="dpformer", epsilon=4.0, negative_sampler="popularity")
+    report = accounting.PrivacyReport(1e-5)
+    released = np.concatenate([[0.0], np.linspace(-2.0, 30.0, d.n_items)])  # noisy counts can be negative
+    probs = train.negative_probs(d, cfg, released, False, report)
+    assert probs.shape == (d.n_items,) and probs.min() > 0 and probs.sum() == pytest.approx(1.0)
+    assert probs[-1] > 10 * probs[0]
+    assert any("released item histogram" in a and "8 distinct negatives" in a for a in report.assumptions)
+    assert train.negative_probs(d, dataclasses.replace(cfg, negative_sampler="uniform"), None, False, None) is None
+    with pytest.raises(ValueError, match="public_item_counts"):
+        train.train(d, dataclasses.replace(cfg, model="gru"), jax.random.key(0), progress=False)
+    with pytest.raises(ValueError, match="negatives must be <"):
+        train.train(d, dataclasses.replace(base, negatives=d.n_items), jax.random.key(0), progress=False)
+    with pytest.raises(ValueError, match="tied"):
+        dataclasses.replace(base, model="transformer-untied").validate()

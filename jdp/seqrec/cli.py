@@ -64,6 +64,11 @@ def register(subparsers) -> None:
                    help="jdp.clipping method (vmap: the exact per-example reference, B x params memory)")
     p.add_argument("--chunk-rows", type=int, default=TrainConfig.chunk_rows,
                    help="users x window positions per compiled chunk (compute only)")
+    p.add_argument("--negatives", type=int, default=0,
+                   help="sampled softmax with K negatives per step (0 = full softmax, the paper's); evaluation "
+                        "always ranks the full catalogue")
+    p.add_argument("--negative-sampler", default="uniform", choices=["uniform", "popularity"],
+                   help="popularity: in proportion to public (--public-item-counts) or DPFormer's released counts")
     p.add_argument("--length-buckets", default=",".join(map(str, DEFAULT_WINDOWS)),
                    help="comma-separated shorter windows for short sequences (compute only; '' = none)")
     p.add_argument("--eval-every", type=float, default=0.0,
@@ -116,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
                       clipping=args.clipping, hist_noise_multiplier=args.hist_noise_multiplier,
                       eval_every_epochs=args.eval_every, mask_history=args.mask_history,
                       length_buckets=tuple(int(b) for b in args.length_buckets.split(",") if b.strip()),
-                      n_users_public=args.n_users)
+                      n_users_public=args.n_users, negatives=args.negatives,
+                      negative_sampler=args.negative_sampler)
     public = None
     if args.public_item_counts:
         public = np.load(args.public_item_counts)

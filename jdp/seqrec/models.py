@@ -104,10 +104,19 @@ class SeqRecModel(nn.Module):
     tied: bool = True
 
 
-def _output(model: SeqRecModel, h: jax.Array, embed: nn.Embed) -> jax.Array:
-    """Full-catalogue logits [..., M+1]; padding column set to NEG (call inside a compact method)."""
-    logits = embed.attend(h) if model.tied else nn.Dense(model.n_items + 1, name="output")(h)
-    return logits.at[..., 0].set(NEG)
+def _output(model: SeqRecModel, h: jax.Array, embed: nn.Embed, targets: jax.Array | None = None,
+            negatives: jax.Array | None = None) -> jax.Array:
+    """Full-catalogue logits [B, L, M+1] with the padding column set to NEG; or, with `negatives` [B, K]
+    (sampled softmax), the logits of [target, negative_1..K] at every position [B, L, 1+K] through two
+    lookups of the tied table (call inside a compact method)."""
+    if negatives is None:
+        logits = embed.attend(h) if model.tied else nn.Dense(model.n_items + 1, name="output")(h)
+        return logits.at[..., 0].set(NEG)
+    if not model.tied:
+        raise ValueError("sampled softmax needs the tied output embedding (model 'transformer-untied' has none)")
+    pos = jnp.sum(h * embed(targets), axis=-1, keepdims=True)
+    neg = jnp.einsum("bld,bkd->blk", h, embed(negatives))
+    return jnp.concatenate([pos, neg], axis=-1)
 
 
 class TransformerRec(SeqRecModel):
@@ -122,7 +131,8 @@ class TransformerRec(SeqRecModel):
 
     @nn.compact
     def __call__(self, seq: jax.Array, deterministic: bool = True, reatt: dict | None = None,
-                 last_only: bool = False) -> jax.Array:
+                 last_only: bool = False, targets: jax.Array | None = None,
+                 negatives: jax.Array | None = None) -> jax.Array:
         B, L = seq.shape
         valid = seq > 0
         embed = nn.Embed(self.n_items + 1, self.d, name="item_embed")
@@ -143,7 +153,7 @@ class TransformerRec(SeqRecModel):
         h = nn.LayerNorm(epsilon=1e-6, name="ln_f")(x)
         if last_only:
             h = h[:, -1:]
-        return _output(self, h, embed)
+        return _output(self, h, embed, targets, negatives)
 
 
 class RNNRec(SeqRecModel):
@@ -153,7 +163,8 @@ class RNNRec(SeqRecModel):
 
     @nn.compact
     def __call__(self, seq: jax.Array, deterministic: bool = True, reatt: dict | None = None,
-                 last_only: bool = False) -> jax.Array:
+                 last_only: bool = False, targets: jax.Array | None = None,
+                 negatives: jax.Array | None = None) -> jax.Array:
         valid = seq > 0
         embed = nn.Embed(self.n_items + 1, self.d, name="item_embed")
         x = embed(seq) * valid[..., None]
@@ -163,7 +174,7 @@ class RNNRec(SeqRecModel):
         h = nn.Dropout(self.dropout)(h, deterministic=deterministic)
         if last_only:
             h = h[:, -1:]
-        return _output(self, h, embed)
+        return _output(self, h, embed, targets, negatives)
 
 
 MODELS = ("dpformer", "transformer", "transformer-untied", "gru", "lstm")
@@ -222,16 +233,41 @@ def next_item_loss(logits: jax.Array, targets: jax.Array) -> jax.Array:
     return jnp.sum(jnp.where(m > 0, nll, 0.0), -1) / jnp.maximum(m.sum(-1), 1.0)
 
 
-def make_loss_fn(model: SeqRecModel, reatt: dict | None = None, deterministic: bool = False):
+def sampled_next_item_loss(logits: jax.Array, targets: jax.Array, negatives: jax.Array,
+                           log_q: jax.Array | None = None) -> jax.Array:
+    """Sampled-softmax version of `next_item_loss`: logits [B, L, 1+K] of [target, negatives [B, K]].
+
+    log_q [M+1]: log of each item's sampling probability; the logits are corrected by −log q (the
+    standard sampled-softmax correction, so popular negatives are not over-penalised; a constant for
+    uniform negatives, None). A negative equal to the position's target is removed (accidental hit)."""
+    if log_q is not None:
+        logits = logits - jnp.concatenate([log_q[targets][..., None],
+                                           jnp.broadcast_to(log_q[negatives][:, None, :], logits[..., 1:].shape)], -1)
+    hit = negatives[:, None, :] == targets[..., None]
+    logits = jnp.concatenate([logits[..., :1], jnp.where(hit, NEG, logits[..., 1:])], -1)
+    nll = _cross_entropy(logits, jnp.zeros(targets.shape, jnp.int32))
+    m = (targets > 0).astype(jnp.float32)
+    return jnp.sum(jnp.where(m > 0, nll, 0.0), -1) / jnp.maximum(m.sum(-1), 1.0)
+
+
+def make_loss_fn(model: SeqRecModel, reatt: dict | None = None, deterministic: bool = False,
+                 log_q: jax.Array | None = None):
     """loss_fn(params, batch) -> per-example losses [B] for the clipping engine.
 
     batch: {"input": [B, L], "target": [B, L], "key": [B] dropout keys (key of example 0 is used, so
-    a batch of one gets its own key)}. reatt values are treated as constants."""
+    a batch of one gets its own key)} and, for a sampled softmax, "negatives": [B, K] (the same K items
+    in every row: one draw per step shared by all users; log_q as in `sampled_next_item_loss`). reatt
+    values are treated as constants."""
     def loss_fn(params: Any, batch: dict) -> jax.Array:
         rngs = None if deterministic else {"dropout": batch["key"][0]}
-        logits = model.apply(params, batch["input"], deterministic=deterministic, reatt=reatt, rngs=rngs)
-        return next_item_loss(logits, batch["target"])
+        negatives = batch.get("negatives")
+        logits = model.apply(params, batch["input"], deterministic=deterministic, reatt=reatt, rngs=rngs,
+                             targets=batch["target"] if negatives is not None else None, negatives=negatives)
+        if negatives is None:
+            return next_item_loss(logits, batch["target"])
+        return sampled_next_item_loss(logits, batch["target"], negatives, log_q)
     return loss_fn
 
 
-__all__ = ["MODELS", "RNNRec", "SelfAttention", "TransformerRec", "make_loss_fn", "make_model", "next_item_loss"]
+__all__ = ["MODELS", "RNNRec", "SelfAttention", "TransformerRec", "make_loss_fn", "make_model", "next_item_loss",
+           "sampled_next_item_loss"]

@@ -48,6 +48,9 @@ DEFAULT_WINDOWS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 4
                    160, 192, 224, 256)
 
 
+NEGATIVE_SAMPLERS = ("uniform", "popularity")
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """Hyper-parameters (paper defaults where it states them: warm-up 20%, Adam, wd 1e-5, C = 1)."""
@@ -76,6 +79,8 @@ class TrainConfig:
     eval_chunk: int = 1024
     length_buckets: tuple = DEFAULT_WINDOWS  # window lengths for shorter sequences (compute only)
     n_users_public: int | None = None  # declared public bound on the users: sets q = B/N and the steps
+    negatives: int = 0                # 0 = full softmax (the paper); K > 0 = sampled softmax, K items per step
+    negative_sampler: str = "uniform"  # "uniform" or "popularity" (public or released counts, see train)
 
     def validate(self) -> None:
         if self.epsilon is not None:
@@ -90,6 +95,12 @@ class TrainConfig:
         for name in ("batch_size", "chunk_rows", "d", "heads", "blocks", "eval_chunk"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if int(self.negatives) < 0:
+            raise ValueError(f"negatives must be >= 0, got {self.negatives}")
+        if self.negative_sampler not in NEGATIVE_SAMPLERS:
+            raise ValueError(f"negative_sampler must be one of {NEGATIVE_SAMPLERS}, got {self.negative_sampler!r}")
+        if self.negatives and self.model == "transformer-untied":
+            raise ValueError("a sampled softmax (negatives > 0) needs a tied output embedding")
         if self.clipping not in CLIPPING_METHODS:
             raise ValueError(f"clipping must be one of {CLIPPING_METHODS}, got {self.clipping!r}")
 
@@ -163,6 +174,51 @@ def privacy_setup(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_c
     return report, float(sigma), counts_rel
 
 
+def negative_probs(data: SeqData, cfg: TrainConfig, counts: np.ndarray | None, public: bool,
+                   report: accounting.PrivacyReport | None) -> np.ndarray | None:
+    """Sampling distribution [M] over items 1..M of the sampled softmax's negatives (None = uniform), and
+    the statement of why it costs no privacy, recorded in the report.
+
+    The K negatives of a step are drawn once from this distribution, independently of the private data
+    and shared by every user of the step: given them, each user's clipped gradient depends on that user's
+    sequence alone, so the step's sensitivity stays C and nothing new is released. "popularity" uses
+    counts that are already public or released: the caller's declared public counts, else DPFormer's
+    Gaussian histogram (post-processing); a NON-PRIVATE run uses the exact counts. Add-one smoothing
+    keeps every item reachable."""
+    K, M = int(cfg.negatives), data.n_items
+    if K >= M:
+        raise ValueError(f"negatives must be < the number of items ({M}), got {K}")
+    if cfg.negative_sampler == "uniform":
+        probs, source = None, "uniformly from the catalogue"
+        counts = None
+    else:
+        if cfg.epsilon is None:
+            counts, source = item_presence(data.train_input, data.train_target, M), "the exact counts (non-private)"
+        elif counts is None:
+            raise ValueError("popularity negatives in a private run need public_item_counts (declared public) "
+                             "or model 'dpformer' (whose released item histogram is then used)")
+        else:
+            source = ("the caller-declared public item counts" if public else
+                      "DPFormer's released item histogram (post-processing)")
+        if np.shape(counts) != (M + 1,) or not np.isfinite(counts).all():
+            raise ValueError(f"item counts for popularity negatives must be finite, of shape ({M + 1},)")
+        source = "in proportion to " + source + " (+1)"
+        w = np.maximum(np.asarray(counts, np.float64)[1:], 0.0) + 1.0
+        probs = w / w.sum()
+    if report is not None:
+        report.assume(f"sampled softmax: {K} distinct negatives per step drawn {source}, independent of the "
+                      "private data given the releases and shared by every user of the step (sensitivity unchanged, no extra release)")
+    return probs
+
+
+def sample_negatives(key: jax.Array, n_items: int, k: int, probs: np.ndarray | None) -> np.ndarray:
+    """k distinct items in 1..n_items, uniform or with probabilities `probs` [n_items] (Gumbel top-k)."""
+    if probs is None:
+        return np.asarray(jax.random.choice(key, n_items, (k,), replace=False)) + 1
+    g = np.asarray(jax.random.gumbel(key, (n_items,))) + np.log(probs)
+    return np.argpartition(-g, k - 1)[:k] + 1
+
+
 def length_chunks(lengths: np.ndarray, windows: np.ndarray, rows: int) -> list[tuple[int, np.ndarray, int]]:
     """Lays out one sample's users as physical chunks: [(window, positions into `lengths` [P], n_real)].
 
@@ -203,6 +259,13 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     if public_item_counts is not None and cfg.model == "dpformer":  # validate before any work
         if np.shape(public_item_counts) != (M + 1,):
             raise ValueError(f"public_item_counts must be a finite array of shape ({M + 1},)")
+    if cfg.negatives:  # fail before any work (the accounting below takes seconds)
+        if cfg.negatives >= M:
+            raise ValueError(f"negatives must be < the number of items ({M}), got {cfg.negatives}")
+        if (cfg.negative_sampler == "popularity" and private and cfg.model != "dpformer"
+                and public_item_counts is None):
+            raise ValueError("popularity negatives in a private run need public_item_counts (declared public) "
+                             "or model 'dpformer' (whose released item histogram is then used)")
     model = make_model(cfg.model, M, L, cfg.d, cfg.heads, cfg.blocks, cfg.dropout, cfg.activation)
     k_init, k_hist, k_train = jax.random.split(key, 3)
 
@@ -214,10 +277,18 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
         w_var, emb_var = ra.effective_variances(sigma, cfg.l2_clip, cfg.batch_size, q, counts_rel, cfg.error_scale)
         reatt = {"w_var": jnp.float32(w_var), "emb_var": jnp.asarray(emb_var)}
 
+    neg_probs = log_q = None
+    if cfg.negatives:
+        neg_probs = negative_probs(data, cfg, counts_rel if cfg.model == "dpformer" else public_item_counts,
+                                   public_item_counts is not None, report)
+        if neg_probs is not None:
+            log_q = jnp.log(jnp.asarray(np.concatenate([[1.0], neg_probs]), jnp.float32))
+    k_neg = jax.random.fold_in(k_train, 0x6E6567)  # negatives' own stream (data-independent)
+
     # ---- model, optimiser, the DP-SGD step of jdp.clipping ----
     params = jax.jit(model.init)(k_init, jnp.zeros((1, L), jnp.int32))
     opt = optax.adamw(lr_schedule(cfg.lr, steps, cfg.warmup_frac), weight_decay=cfg.weight_decay)
-    loss_fn = make_loss_fn(model, reatt)
+    loss_fn = make_loss_fn(model, reatt, log_q=log_q)
     k_noise, k_sample, k_dropout = jax.random.split(k_train, 3)
     if jnp.issubdtype(k_noise.dtype, jax.dtypes.prng_key):
         k_noise = jax.random.key_data(k_noise)  # raw key bits: the noise key is checkpointed in opt_state
@@ -260,6 +331,8 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
         idx = idx[idx < n_data]  # ids of the declared population without data contribute nothing
         kd = jax.random.fold_in(k_dropout, step)
         acc, loss_sum, count, nonfinite = zero, 0.0, 0, 0
+        negs = (jnp.asarray(sample_negatives(jax.random.fold_in(k_neg, step), M, cfg.negatives, neg_probs))
+                if cfg.negatives else None)
         chunks = length_chunks(lens[idx], windows, cfg.chunk_rows)
         new = {(w, pos.size) for w, pos, _ in chunks} - shapes_seen
         shapes_seen |= new
@@ -270,6 +343,8 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
             batch = {"input": jnp.asarray(data.train_input[users, L - w:]),
                      "target": jnp.asarray(data.train_target[users, L - w:]),
                      "key": jax.random.split(jax.random.fold_in(kd, c), pos.size)}
+            if negs is not None:  # the step's negatives, one copy per row (the engine's per-example layout)
+                batch["negatives"] = jnp.broadcast_to(negs, (pos.size, negs.size))
             acc, sums = accumulate(state.params, acc, batch, mask)
             loss_sum, count = loss_sum + sums["loss_sum"], count + sums["count"]
             nonfinite = nonfinite + sums["num_nonfinite"]
@@ -347,5 +422,5 @@ def _nonprivate_step(loss_fn, opt, params, batch_size: float):
     return _PlainState(params, tx.init(params), jnp.zeros((), jnp.int32)), accumulate, apply
 
 
-__all__ = ["DEFAULT_WINDOWS", "TrainConfig", "TrainResult", "dp_sgd_event", "length_chunks", "lr_schedule",
-           "privacy_setup", "train"]
+__all__ = ["DEFAULT_WINDOWS", "NEGATIVE_SAMPLERS", "TrainConfig", "TrainResult", "dp_sgd_event", "length_chunks", "lr_schedule",
+           "negative_probs", "privacy_setup", "sample_negatives", "train"]
