@@ -14,10 +14,14 @@ install: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(VENV)/bin/jdp demo
 
+# -n: up to 4 worker processes (most tests are single-threaded JAX compiles); --dist loadfile keeps
+# each file's module fixtures (e.g. the 4-device sharding subprocess) in one worker
+TEST_WORKERS := -n auto --maxprocesses 4 --dist loadfile
+
 test: $(VENV)/.installed
-	$(PY) -m pytest -q -m "not slow" -p no:cacheprovider
+	$(PY) -m pytest -q -m "not slow" -p no:cacheprovider $(TEST_WORKERS)
 
 test-all: $(VENV)/.installed
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider $(TEST_WORKERS)
 
 .PHONY: install demo test test-all

@@ -238,6 +238,26 @@ def length_chunks(lengths: np.ndarray, windows: np.ndarray, rows: int) -> list[t
     return out
 
 
+def step_batches(data: SeqData, idx: np.ndarray, windows: np.ndarray, rows: int, key: jax.Array,
+                 negatives: jax.Array | None = None) -> list[tuple[int, dict, jax.Array]]:
+    """One step's sampled users `idx` as engine batches [(window, batch, mask)] laid out by `length_chunks`.
+
+    Randomness per user: a dropout key per row (independent draws, whatever the layout). The step's
+    `negatives` (sampled softmax) are the same array in every chunk: drawing them per chunk would tie
+    a user's gradient to who else shares the chunk, and adding one user moves others between chunks."""
+    L = data.maxlen
+    out = []
+    for c, (w, pos, n_real) in enumerate(length_chunks((data.train_input[idx] > 0).sum(1), windows, rows)):
+        users = idx[pos]
+        batch = {"input": jnp.asarray(data.train_input[users, L - w:]),
+                 "target": jnp.asarray(data.train_target[users, L - w:]),
+                 "key": jax.random.split(jax.random.fold_in(key, c), pos.size)}
+        if negatives is not None:  # one copy per row (the engine's per-example layout)
+            batch["negatives"] = jnp.broadcast_to(negatives, (pos.size, negatives.size))
+        out.append((w, batch, jnp.asarray(np.arange(pos.size) < n_real)))
+    return out
+
+
 def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: np.ndarray | None = None,
           checkpoint: str | pathlib.Path | None = None, checkpoint_every: int | None = None,
           progress: bool = True, evaluate_test: bool = True, max_steps: int | None = None) -> TrainResult:
@@ -316,7 +336,6 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     stop = steps if max_steps is None else min(steps, start + int(max_steps))
 
     zero = jax.tree_util.tree_map(jnp.zeros_like, state.params)
-    lens = (data.train_input > 0).sum(1)
     windows = np.array(sorted({int(b) for b in cfg.length_buckets if 0 < b < L} | {L}))
     n_data = data.n_users
     eval_every = max(1, int(round(cfg.eval_every_epochs * per_epoch))) if cfg.eval_every_epochs > 0 else 0
@@ -333,18 +352,11 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
         acc, loss_sum, count, nonfinite = zero, 0.0, 0, 0
         negs = (jnp.asarray(sample_negatives(jax.random.fold_in(k_neg, step), M, cfg.negatives, neg_probs))
                 if cfg.negatives else None)
-        chunks = length_chunks(lens[idx], windows, cfg.chunk_rows)
-        new = {(w, pos.size) for w, pos, _ in chunks} - shapes_seen
+        chunks = step_batches(data, idx, windows, cfg.chunk_rows, kd, negs)
+        new = {(w, int(mask.size)) for w, _, mask in chunks} - shapes_seen
         shapes_seen |= new
         step_new_shapes.append(len(new))
-        for c, (w, pos, n_real) in enumerate(chunks):
-            users = idx[pos]
-            mask = jnp.asarray(np.arange(pos.size) < n_real)
-            batch = {"input": jnp.asarray(data.train_input[users, L - w:]),
-                     "target": jnp.asarray(data.train_target[users, L - w:]),
-                     "key": jax.random.split(jax.random.fold_in(kd, c), pos.size)}
-            if negs is not None:  # the step's negatives, one copy per row (the engine's per-example layout)
-                batch["negatives"] = jnp.broadcast_to(negs, (pos.size, negs.size))
+        for _, batch, mask in chunks:
             acc, sums = accumulate(state.params, acc, batch, mask)
             loss_sum, count = loss_sum + sums["loss_sum"], count + sums["count"]
             nonfinite = nonfinite + sums["num_nonfinite"]
@@ -423,4 +435,4 @@ def _nonprivate_step(loss_fn, opt, params, batch_size: float):
 
 
 __all__ = ["DEFAULT_WINDOWS", "NEGATIVE_SAMPLERS", "TrainConfig", "TrainResult", "dp_sgd_event", "length_chunks", "lr_schedule",
-           "negative_probs", "privacy_setup", "sample_negatives", "train"]
+           "negative_probs", "privacy_setup", "sample_negatives", "step_batches", "train"]

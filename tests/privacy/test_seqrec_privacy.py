@@ -132,3 +132,38 @@ def test_declared_user_count_fixes_the_sampling_plan():
     assert any("number of users N = 40 treated as public" in a for a in report.assumptions)
     report, _, _ = privacy_setup(make(n_users), cfg, jax.random.key(0))
     assert not any("number of users" in a for a in report.assumptions)
+
+
+def test_sampled_softmax_step_moves_by_one_clipped_user_when_the_layout_changes():
+    """Worst neighbour for the sampled softmax: an added user long enough to reshuffle every other user
+    into other chunks (other windows, other chunk sizes). The step's negatives are one draw shared by
+    every chunk, so the accumulated clipped sum moves by exactly that user's clipped gradient (norm C)."""
+    import jax.numpy as jnp
+    import optax
+
+    from jdp import clipping as jc
+    from jdp.seqrec import models
+    rng = np.random.default_rng(0)
+    n_items, L = 30, 8
+    seqs = [rng.integers(1, n_items + 1, rng.integers(3, 6)).astype(np.int32) for _ in range(12)]
+    seqs.append(rng.integers(1, n_items + 1, 12).astype(np.int32))  # user 12: long, the added neighbour
+    d = data.leave_last_out(seqs, n_items, L)
+    model = models.make_model("gru", n_items, L, d=8, dropout=0.0)
+    params = jax.jit(model.init)(jax.random.key(0), jnp.asarray(d.train_input[:1]))
+    C = 1e-3  # every user is clipped: the bound is attained
+    dp = jc.dp_sgd(models.make_loss_fn(model), optax.sgd(0.1), num_examples=13, batch_size=4, l2_clip=C,
+                   delta=1e-5, steps=1, noise_multiplier=1.0)
+    negs = jnp.asarray(train.sample_negatives(jax.random.key(5), n_items, 10, None))
+    windows = np.array([2, 4, 6, L])
+
+    def step_sum(idx):
+        acc = jax.tree.map(jnp.zeros_like, params)
+        chunks = train.step_batches(d, np.asarray(idx), windows, 12, jax.random.key(1), negs)
+        for _, batch, mask in chunks:
+            acc, _ = dp.accumulate(params, acc, batch, mask)
+        return np.concatenate([np.ravel(x) for x in jax.tree.leaves(acc)]), [(w, int(m.size)) for w, _, m in chunks]
+
+    base, layout = step_sum(np.arange(12))
+    worst, layout2 = step_sum(np.arange(13))
+    assert layout != layout2  # the added user changed the other users' chunks
+    assert np.linalg.norm(worst - base) == pytest.approx(C, rel=1e-3)
