@@ -32,7 +32,7 @@ from jdp.altmin.model import AltMinConfig, AltMinModel, candidate_event, fit
 from jdp.data import Interactions
 from jdp.noise import resolve_seed, seeded_key
 from jdp.selection._checks import check_open_unit
-from jdp.selection.tuning import select_configuration
+from jdp.selection.tuning import select_configuration, selection_event
 
 
 @dataclasses.dataclass
@@ -58,16 +58,18 @@ def user_validation_losses(model: AltMinModel, train: Interactions, valid: Inter
     return np.where(n > 0, total / np.maximum(n, 1), 0.0)
 
 
-def run_epsilon(configs: Sequence[AltMinConfig], epsilon: float, delta: float, n_users: int, n_items: int) -> float:
-    """The per-candidate ε at which the K candidate runs on the declared sizes together spend (epsilon, delta)."""
+def run_epsilon(configs: Sequence[AltMinConfig], epsilon: float, delta: float, n_users: int, n_items: int,
+                fixed: Sequence[dp_accounting.DpEvent] = ()) -> float:
+    """The per-candidate ε at which the K candidate runs on the declared sizes, composed with the `fixed`
+    events (e.g. the selection), spend (epsilon, delta) by the report's own rule (`compute_epsilon` of the
+    whole composition, so e.g. the PLD's pessimistic discretisation of a pure-DP selection is budgeted)."""
     def composed(inverse_eps: float):
-        return dp_accounting.ComposedDpEvent(
-            [candidate_event(dataclasses.replace(c, epsilon=1.0 / inverse_eps, delta=delta), n_users, n_items)
-             for c in configs])
+        return dp_accounting.ComposedDpEvent(list(fixed) + [
+            candidate_event(dataclasses.replace(c, epsilon=1.0 / inverse_eps, delta=delta), n_users, n_items)
+            for c in configs])
     # ε_run lies between ε/(4K) (well below basic composition) and ε (one run alone).
     k = len(configs)
     return 1.0 / calibrate(composed, epsilon, delta, bracket=(1.0 / epsilon, 4.0 * k / epsilon), tol=1e-3 / epsilon)
-
 
 
 def public_grid(cfg: AltMinConfig) -> tuple[AltMinConfig, ...]:
@@ -106,7 +108,7 @@ def tune_private(train: Interactions, valid: Interactions, configs: Sequence[Alt
     lo, hi = ranges.pop()
     seed = resolve_seed(seed)
     eps_sel = selection_fraction * epsilon
-    eps_run = run_epsilon(configs, epsilon - eps_sel, delta, train.n_users, train.n_items)
+    eps_run = run_epsilon(configs, epsilon, delta, train.n_users, train.n_items, fixed=[selection_event(eps_sel)])
     report = PrivacyReport(delta, unit="user", relation="add/remove all ratings of one user (train and valid)")
     models, scores = [], []
     bound = check_positive(loss_bound, "loss_bound") if loss_bound is not None else ((hi - lo) / 2) ** 2

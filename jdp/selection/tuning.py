@@ -15,6 +15,13 @@ from jdp.accounting import PrivacyReport, check_epsilon, check_positive
 from jdp.selection.registry import get_mechanism, select
 
 
+def selection_event(epsilon: float, mechanism: str = "pf", monotone: bool = True):
+    """The dp_accounting event `select_configuration` records for these arguments (to budget it in advance)."""
+    mech = get_mechanism(mechanism)
+    params = {"monotone": True} if monotone and "monotone" in mech.params else {}
+    return mech.dp_event(check_epsilon(epsilon), **params)
+
+
 def select_configuration(key, scores, score_bound: float, epsilon: float, report: PrivacyReport | None = None,
                          mechanism: str = "pf", monotone: bool = True, name: str = "hyper-parameter selection") -> int:
     """Index of the chosen configuration, selected with an ε-DP mechanism on `scores` [K].
@@ -35,8 +42,8 @@ def select_configuration(key, scores, score_bound: float, epsilon: float, report
     idx = int(select(mechanism, key, scores, np.full(scores.size, score_bound), epsilon, **params))
     if report is not None:
         report.add(f"{name} ({mechanism}{', monotone' if params else ''}, K={scores.size})",
-                   mech.dp_event(epsilon, **params), sensitivity=score_bound)
+                   selection_event(epsilon, mechanism, monotone), sensitivity=score_bound)
     return idx
 
 
-__all__ = ["select_configuration"]
+__all__ = ["select_configuration", "selection_event"]
