@@ -22,7 +22,7 @@ import numpy as np
 from jdp.cli import add_seed_arguments, noise_seed
 from jdp.clipping.engine import METHODS as CLIPPING_METHODS
 from jdp.seqrec.models import MODELS
-from jdp.seqrec.train import DEFAULT_WINDOWS, TrainConfig
+from jdp.seqrec.train import DEFAULT_WINDOWS, NEGATIVE_SAMPLERS, TrainConfig
 
 
 def register(subparsers) -> None:
@@ -67,7 +67,7 @@ def register(subparsers) -> None:
     p.add_argument("--negatives", type=int, default=0,
                    help="sampled softmax with K negatives per step (0 = full softmax, the paper's); evaluation "
                         "always ranks the full catalogue")
-    p.add_argument("--negative-sampler", default="uniform", choices=["uniform", "popularity"],
+    p.add_argument("--negative-sampler", default="uniform", choices=list(NEGATIVE_SAMPLERS),
                    help="popularity: in proportion to public (--public-item-counts) or DPFormer's released counts")
     p.add_argument("--length-buckets", default=",".join(map(str, DEFAULT_WINDOWS)),
                    help="comma-separated shorter windows for short sequences (compute only; '' = none)")

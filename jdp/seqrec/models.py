@@ -228,9 +228,13 @@ _cross_entropy.defvjp(_cross_entropy_fwd, _cross_entropy_bwd)
 def next_item_loss(logits: jax.Array, targets: jax.Array) -> jax.Array:
     """Per-sequence mean softmax cross-entropy over non-padding targets: logits [B, L, M+1], targets
     [B, L] (0 = no loss) -> [B] (0 for sequences without targets)."""
-    nll = _cross_entropy(logits, targets)
-    m = (targets > 0).astype(jnp.float32)
-    return jnp.sum(jnp.where(m > 0, nll, 0.0), -1) / jnp.maximum(m.sum(-1), 1.0)
+    return _per_sequence_mean(_cross_entropy(logits, targets), targets)
+
+
+def _per_sequence_mean(nll: jax.Array, targets: jax.Array) -> jax.Array:
+    """Mean of nll [B, L] over each sequence's non-padding targets -> [B] (0 without targets)."""
+    m = targets > 0
+    return jnp.sum(jnp.where(m, nll, 0.0), -1) / jnp.maximum(m.sum(-1), 1).astype(nll.dtype)
 
 
 def sampled_next_item_loss(logits: jax.Array, targets: jax.Array, negatives: jax.Array,
@@ -245,9 +249,7 @@ def sampled_next_item_loss(logits: jax.Array, targets: jax.Array, negatives: jax
                                            jnp.broadcast_to(log_q[negatives][:, None, :], logits[..., 1:].shape)], -1)
     hit = negatives[:, None, :] == targets[..., None]
     logits = jnp.concatenate([logits[..., :1], jnp.where(hit, NEG, logits[..., 1:])], -1)
-    nll = _cross_entropy(logits, jnp.zeros(targets.shape, jnp.int32))
-    m = (targets > 0).astype(jnp.float32)
-    return jnp.sum(jnp.where(m > 0, nll, 0.0), -1) / jnp.maximum(m.sum(-1), 1.0)
+    return _per_sequence_mean(_cross_entropy(logits, jnp.zeros(targets.shape, jnp.int32)), targets)
 
 
 def make_loss_fn(model: SeqRecModel, reatt: dict | None = None, deterministic: bool = False,

@@ -174,6 +174,15 @@ def privacy_setup(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_c
     return report, float(sigma), counts_rel
 
 
+def check_negatives(cfg: TrainConfig, n_items: int, counts_available: bool) -> None:
+    """Errors of a sampled-softmax config on a catalogue of n_items (before any work is done)."""
+    if cfg.negatives >= n_items:
+        raise ValueError(f"negatives must be < the number of items ({n_items}), got {cfg.negatives}")
+    if cfg.negative_sampler == "popularity" and cfg.epsilon is not None and not counts_available:
+        raise ValueError("popularity negatives in a private run need public_item_counts (declared public) "
+                         "or model 'dpformer' (whose released item histogram is then used)")
+
+
 def negative_probs(data: SeqData, cfg: TrainConfig, counts: np.ndarray | None, public: bool,
                    report: accounting.PrivacyReport | None) -> np.ndarray | None:
     """Sampling distribution [M] over items 1..M of the sampled softmax's negatives (None = uniform), and
@@ -186,17 +195,13 @@ def negative_probs(data: SeqData, cfg: TrainConfig, counts: np.ndarray | None, p
     Gaussian histogram (post-processing); a NON-PRIVATE run uses the exact counts. Add-one smoothing
     keeps every item reachable."""
     K, M = int(cfg.negatives), data.n_items
-    if K >= M:
-        raise ValueError(f"negatives must be < the number of items ({M}), got {K}")
+    check_negatives(cfg, M, counts is not None)
     if cfg.negative_sampler == "uniform":
         probs, source = None, "uniformly from the catalogue"
         counts = None
     else:
         if cfg.epsilon is None:
             counts, source = item_presence(data.train_input, data.train_target, M), "the exact counts (non-private)"
-        elif counts is None:
-            raise ValueError("popularity negatives in a private run need public_item_counts (declared public) "
-                             "or model 'dpformer' (whose released item histogram is then used)")
         else:
             source = ("the caller-declared public item counts" if public else
                       "DPFormer's released item histogram (post-processing)")
@@ -207,7 +212,8 @@ def negative_probs(data: SeqData, cfg: TrainConfig, counts: np.ndarray | None, p
         probs = w / w.sum()
     if report is not None:
         report.assume(f"sampled softmax: {K} distinct negatives per step drawn {source}, independent of the "
-                      "private data given the releases and shared by every user of the step (sensitivity unchanged, no extra release)")
+                      "private data given the releases and shared by every user of the step (sensitivity "
+                      "unchanged, no extra release)")
     return probs
 
 
@@ -280,12 +286,7 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
         if np.shape(public_item_counts) != (M + 1,):
             raise ValueError(f"public_item_counts must be a finite array of shape ({M + 1},)")
     if cfg.negatives:  # fail before any work (the accounting below takes seconds)
-        if cfg.negatives >= M:
-            raise ValueError(f"negatives must be < the number of items ({M}), got {cfg.negatives}")
-        if (cfg.negative_sampler == "popularity" and private and cfg.model != "dpformer"
-                and public_item_counts is None):
-            raise ValueError("popularity negatives in a private run need public_item_counts (declared public) "
-                             "or model 'dpformer' (whose released item histogram is then used)")
+        check_negatives(cfg, M, cfg.model == "dpformer" or public_item_counts is not None)
     model = make_model(cfg.model, M, L, cfg.d, cfg.heads, cfg.blocks, cfg.dropout, cfg.activation)
     k_init, k_hist, k_train = jax.random.split(key, 3)
 
@@ -434,5 +435,5 @@ def _nonprivate_step(loss_fn, opt, params, batch_size: float):
     return _PlainState(params, tx.init(params), jnp.zeros((), jnp.int32)), accumulate, apply
 
 
-__all__ = ["DEFAULT_WINDOWS", "NEGATIVE_SAMPLERS", "TrainConfig", "TrainResult", "dp_sgd_event", "length_chunks", "lr_schedule",
-           "negative_probs", "privacy_setup", "sample_negatives", "step_batches", "train"]
+__all__ = ["DEFAULT_WINDOWS", "NEGATIVE_SAMPLERS", "TrainConfig", "TrainResult", "check_negatives", "dp_sgd_event",
+           "length_chunks", "lr_schedule", "negative_probs", "privacy_setup", "sample_negatives", "step_batches", "train"]
