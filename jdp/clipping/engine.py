@@ -137,6 +137,23 @@ def _site_contribs(plan, leaves, records, tap_grads, contribs):
             contribs[kid].mats.append((a.astype(jnp.float32), gf.astype(jnp.float32)))
             if "bias" in pid:
                 contribs[pid["bias"]].insts.append(jnp.sum(gf, axis=1).astype(jnp.float32))
+        elif site.kind == "conv":
+            # per-example kernel gradient = patches^T output grads (im2col), per feature group
+            kid = pid["kernel"]
+            kshape = np.shape(leaves[kid])                 # kernel spatial... + (C_in / G, C_out)
+            G, Q = site.module.feature_group_count, kshape[-1]
+            K, cg = int(math.prod(kshape[:-2])), kshape[-2]
+            pat = _taps.conv_patches(site.module, x).astype(jnp.float32).reshape(B, -1, K, G, cg)
+            T = pat.shape[1]
+            gf = g.reshape(B, T, Q).astype(jnp.float32)
+            contribs[kid].pq = (K * cg, Q)
+            if G == 1:
+                contribs[kid].mats.append((pat.reshape(B, T, K * cg), gf))
+            else:  # block-diagonal over groups: instantiated ([K, C_in/G, G, C_out/G] = the kernel layout)
+                u = jnp.einsum("btkgc,btgq->bkcgq", pat, gf.reshape(B, T, G, Q // G))
+                contribs[kid].insts.append(u.reshape(B, -1))
+            if "bias" in pid:
+                contribs[pid["bias"]].insts.append(jnp.sum(gf, axis=1))
         elif site.kind == "lookup":
             eid = pid["embedding"]
             M, d = np.shape(leaves[eid])
@@ -163,6 +180,28 @@ def _site_contribs(plan, leaves, records, tap_grads, contribs):
             per = jax.vmap(one)(x, g)
             for n, i in pid.items():
                 contribs[i].insts.append(per[n].reshape(B, -1).astype(jnp.float32))
+
+
+def _factored_grads(loss_fn, leaves, treedef, batch, method):
+    """Tapping plan, per-example losses [B] and the factored per-example gradient of every leaf."""
+    B = _batch_size(batch)
+    example = jax.tree.map(lambda x: jax.ShapeDtypeStruct((1,) + tuple(np.shape(x)[1:]), jnp.result_type(x)),
+                           batch)
+    plan = _taps.discover(loss_fn, leaves, treedef, example, use_taps=(method != "vmap"))
+    if plan.loss_shape != (1,):
+        raise ValueError(f"loss_fn must return per-example losses of shape [B]; for a batch of 1 it "
+                         f"returned shape {plan.loss_shape}")
+
+    def pe(ex):
+        ex1 = jax.tree.map(lambda x: x[None], ex)
+        return _taps.run_per_example(loss_fn, plan, leaves, treedef, ex1)
+
+    losses, records, tap_grads, fb_grads = jax.vmap(pe)(batch)
+    contribs = {i: _norms.LeafContribs(tuple(np.shape(leaves[i]))) for i in range(len(leaves))}
+    _site_contribs(plan, leaves, records, tap_grads, contribs)
+    for i, g in zip(plan.fallback, fb_grads):
+        contribs[i].insts.append(g.reshape(B, -1).astype(jnp.float32))
+    return plan, losses, contribs
 
 
 def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: Any, *,
@@ -246,27 +285,7 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
     else:
         N = B
 
-    def per_example_loss(p, ex):
-        return loss_fn(p, ex)
-
-    example = jax.tree.map(lambda x: jax.ShapeDtypeStruct((1,) + tuple(np.shape(x)[1:]), jnp.result_type(x)),
-                           batch)
-    plan = _taps.discover(per_example_loss, leaves, treedef, example, use_taps=(method != "vmap"))
-    if plan.loss_shape != (1,):
-        raise ValueError(f"loss_fn must return per-example losses of shape [B]; for a batch of 1 it "
-                         f"returned shape {plan.loss_shape}")
-
-    def pe(ex):
-        ex1 = jax.tree.map(lambda x: x[None], ex)
-        return _taps.run_per_example(per_example_loss, plan, leaves, treedef, ex1)
-
-    losses, records, tap_grads, fb_grads = jax.vmap(pe)(batch)
-
-    # Factored per-example gradients of every used leaf.
-    contribs = {i: _norms.LeafContribs(tuple(np.shape(leaves[i]))) for i in range(len(leaves))}
-    _site_contribs(plan, leaves, records, tap_grads, contribs)
-    for i, g in zip(plan.fallback, fb_grads):
-        contribs[i].insts.append(g.reshape(B, -1).astype(jnp.float32))
+    plan, losses, contribs = _factored_grads(loss_fn, leaves, treedef, batch, method)
     mth = "ghost" if method == "ghost" else "auto"
 
     # An example is dropped (all its factors set to exact zeros with `where`, before any norm or sum)
@@ -369,16 +388,43 @@ def per_example_grads_reference(loss_fn: Callable, params: Any, batch: Any) -> A
     return jax.vmap(one)(batch)
 
 
-def explain(loss_fn: Callable, params: Any, batch: Any, method: str = "auto") -> list[dict]:
-    """Human-readable tapping plan: each site (layer, method, kind) and which parameters fall back."""
+def explain(loss_fn: Callable, params: Any, batch: Any, method: str = "auto",
+            memory_limit: int = DEFAULT_MEMORY_LIMIT) -> list[dict]:
+    """The tapping plan, as `clipped_grad` would run it on this batch (traced abstractly, nothing runs).
+
+    One row per recognised layer call (layer, method, kind, tapped, params), then a summary row:
+      fallback: parameters whose per-example gradients come from the exact vmap fallback;
+      fallback_bytes: memory of those per-example gradients (B x their size, float32);
+      leaves: per used parameter, how its norm is computed ("ghost", "instantiated", "lookup",
+        "fallback"), the working memory in bytes and, for matrix sites, the FLOPs of both norm
+        methods that the mixed rule compares (instantiation costs ~GHOST_COST_FACTOR less per FLOP).
+    """
     leaves, treedef = jax.tree.flatten(params)
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
-    example = jax.tree.map(lambda x: jax.ShapeDtypeStruct((1,) + tuple(np.shape(x)[1:]), jnp.result_type(x)),
-                           batch)
-    plan = _taps.discover(loss_fn, leaves, treedef, example, use_taps=(method != "vmap"))
+    B = _batch_size(batch)
+    mth = "ghost" if method == "ghost" else "auto"
+    out = {}
+
+    def trace(lv, b):
+        plan, _, contribs = _factored_grads(loss_fn, lv, treedef, b, method)
+        out["plan"] = plan
+        out["leaves"] = {i: _norms.describe(c, mth, memory_limit) for i, c in contribs.items()
+                         if c.mats or c.lookups or c.insts}
+        return jnp.zeros(())
+
+    with jax.default_matmul_precision("highest"):
+        jax.eval_shape(trace, leaves, batch)
+    plan = out["plan"]
     rows = [{"site": s.index, "layer": type(s.module).__name__, "method": s.method, "kind": s.kind,
              "tapped": s.index in plan.allowed, "params": [paths[i] for i in s.leaf_ids]} for s in plan.sites]
-    rows.append({"fallback": [paths[i] for i in plan.fallback]})
+    described = {}
+    for i, d in out["leaves"].items():
+        if i in plan.fallback:
+            d = {"norm": "fallback", "bytes": 4 * B * int(np.size(leaves[i]))}
+        described[paths[i]] = d
+    rows.append({"fallback": [paths[i] for i in plan.fallback],
+                 "fallback_bytes": sum(described[paths[i]]["bytes"] for i in plan.fallback),
+                 "leaves": described})
     return rows
 
 

@@ -90,6 +90,29 @@ def choose_instantiate(c: LeafContribs, method: str) -> bool:
     return T * P * Q <= GHOST_COST_FACTOR * T * T * (P + Q)
 
 
+def describe(c: LeafContribs, method: str, memory_limit: int) -> dict:
+    """How the norms of one leaf are computed, with the cost model's numbers (for `explain`)."""
+    parts, out = [], {}
+    if c.lookups:
+        parts.append("lookup")
+    P, Q = c.pq if c.pq is not None else (1, int(math.prod(c.shape)))
+    B = next(x.shape[0] for x in ([L for L, _ in c.mats] + [R for _, R in c.lookups] + c.insts))
+    if c.mats:
+        T = sum(L.shape[1] for L, _ in c.mats)
+        out["ghost_flops"] = 2 * B * T * T * (P + Q)
+        out["instantiate_flops"] = 2 * B * T * P * Q
+        inst = choose_instantiate(c, method)
+        parts.append("instantiated" if inst else "ghost")
+        if not inst:
+            out["bytes"] = 2 * 4 * B * T * T
+    if c.insts or (c.mats and choose_instantiate(c, method)):
+        if not c.mats:
+            parts.append("instantiated")
+        out["bytes"] = 4 * _chunk_size(B, P, Q, memory_limit) * P * Q
+    out["norm"] = " + ".join(parts)
+    return out
+
+
 def _chunk_size(B: int, P: int, Q: int, memory_limit: int) -> int:
     return int(max(1, min(B, memory_limit // max(1, 4 * P * Q))))
 
@@ -226,4 +249,4 @@ def clipped_sum(c: LeafContribs, weights: jax.Array) -> jax.Array:
     return out.reshape(c.shape)
 
 
-__all__ = ["LeafContribs", "choose_instantiate", "finite_rows", "zero_rows", "sq_norms_diag", "sq_norms_pairs", "clipped_sum"]
+__all__ = ["LeafContribs", "choose_instantiate", "describe", "finite_rows", "zero_rows", "sq_norms_diag", "sq_norms_pairs", "clipped_sum"]

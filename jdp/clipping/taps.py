@@ -3,13 +3,16 @@ every per-example output gradient from one backward pass.
 
 How it works (no change to the user's model):
 1. `discover` traces the per-example loss once with `flax.linen.intercept_methods`. Every call of a
-   recognised layer (Dense, DenseGeneral, Embed and Embed.attend, LayerNorm, RMSNorm) whose parameters
-   are leaves of the `params` argument becomes a *site*. At a site the layer is re-applied (a clone of
+   recognised layer (Dense, DenseGeneral, Conv, Embed and Embed.attend, Layer/RMS/Group/InstanceNorm)
+   whose parameters are leaves of the `params` argument becomes a *site*. At a site the layer is re-applied (a clone of
    the module) with a separate copy of its parameters, so in the traced jaxpr the original parameter
    inputs are only used by code we do NOT recognise. A parameter leaf is *covered* when it is used by
    sites only; every other used leaf goes to the exact vmap fallback. This makes the split safe: a
    parameter read anywhere else (a custom layer, a lifted `nn.scan`, a regulariser in the loss) can
    never be silently missed.
+   The same trace checks that per-example evaluation keeps the model's meaning: BatchNorm in training
+   mode is refused, and random draws whose key does not depend on the example are reported
+   (`SharedRandomnessWarning`).
 2. `run_per_example` evaluates the loss for ONE example (a batch of size 1; the caller vmaps it) and
    differentiates it w.r.t. zero taps added to each site's output and w.r.t. the fallback leaves. The
    tap gradients are the per-example output gradients; the recorded inputs are the activations.
@@ -17,7 +20,9 @@ How it works (no change to the user's model):
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
+import warnings
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
@@ -31,10 +36,13 @@ import numpy as np
 _KINDS: dict[tuple[type, str], str] = {
     (nn.Dense, "__call__"): "dense",
     (nn.DenseGeneral, "__call__"): "dense",
+    (nn.Conv, "__call__"): "conv",
     (nn.Embed, "__call__"): "lookup",
     (nn.Embed, "attend"): "attend",
     (nn.LayerNorm, "__call__"): "local",
     (nn.RMSNorm, "__call__"): "local",
+    (nn.GroupNorm, "__call__"): "local",
+    (nn.InstanceNorm, "__call__"): "local",
 }
 
 
@@ -42,7 +50,7 @@ _KINDS: dict[tuple[type, str], str] = {
 class Site:
     """One recognised call of a layer (static description, per-example shapes incl. the leading 1)."""
     index: int
-    kind: str                       # dense | lookup | attend | local
+    kind: str                       # dense | conv | lookup | attend | local
     module: Any                     # unbound clone of the module (config only)
     method: str
     param_names: tuple[str, ...]    # the module's own parameter names
@@ -61,13 +69,50 @@ class _State(threading.local):
 _STATE = _State()
 
 
+def conv_patches(conv: nn.Conv, x: jax.Array) -> jax.Array:
+    """Input patches that each output position of `conv` reads: [..., out positions..., K*C_in], with
+    the K*C_in features in the kernel's own (kernel spatial..., C_in) order (im2col).
+
+    Computed by the layer itself (a clone with a one-hot depthwise kernel), so strides, dilations and
+    every flax padding mode (SAME, VALID, explicit, CIRCULAR, REFLECT, CAUSAL) are the layer's own; the
+    one-hot products are exact at HIGHEST precision. Cost: K*K*C_in per position, far below the conv."""
+    ks = (conv.kernel_size,) if isinstance(conv.kernel_size, int) else tuple(conv.kernel_size)
+    K, cin = math.prod(ks), x.shape[-1]
+    # output feature c*K + s of the depthwise clone copies input channel c at kernel offset s
+    one_hot = np.tile(np.eye(K, dtype=np.float32).reshape(ks + (1, K)), (1,) * len(ks) + (1, cin))
+    clone = conv.clone(parent=None, features=K * cin, feature_group_count=cin, use_bias=False, mask=None,
+                       precision=jax.lax.Precision.HIGHEST)
+    out = clone.apply({"params": {"kernel": jnp.asarray(one_hot)}}, x)
+    out = out.reshape(out.shape[:-1] + (cin, K))
+    return jnp.swapaxes(out, -1, -2).reshape(out.shape[:-2] + (K * cin,))
+
+
+class SharedRandomnessWarning(UserWarning):
+    """The per-example loss draws random numbers with a key that is the same for every example."""
+
+
+def _check_per_example_meaning(mod, method: str, args, kwargs) -> None:
+    """Refuses layers whose meaning changes when the loss is evaluated one example at a time."""
+    if isinstance(mod, nn.BatchNorm) and method == "__call__":
+        arg = kwargs.get("use_running_average", args[1] if len(args) > 1 else None)
+        frozen = mod.use_running_average if arg is None else arg
+        if not frozen:
+            raise ValueError(
+                f"BatchNorm {mod.name!r} runs in training mode (use_running_average=False). Per-example "
+                "gradients evaluate the model one example at a time, so batch statistics would be each "
+                "example's own (a different model from the batched one, whose statistics also mix the "
+                "examples and break per-example clipping). Use nn.GroupNorm or nn.LayerNorm instead, or "
+                "freeze the statistics (use_running_average=True, computed on public data).")
+
+
 class _Tapper:
     """Interceptor state for one trace ('discover' or 'run')."""
 
     def __init__(self, mode: str, leaves: Sequence[Any], site_leaves: Sequence[Any],
                  sites: Sequence[Site] | None = None, allowed: frozenset[int] = frozenset(),
-                 taps: Sequence[Any] | None = None):
+                 taps: Sequence[Any] | None = None, tap: bool = True):
         self.mode = mode
+        self.tap = tap
         self.leaf_index = {id(x): i for i, x in enumerate(leaves)}
         self.site_leaves = site_leaves
         self.sites = list(sites) if sites is not None else []
@@ -88,6 +133,8 @@ class _Tapper:
             return None
         if kind == "dense" and isinstance(mod, nn.DenseGeneral) and mod.batch_dims:
             return None
+        if kind == "conv" and mod.mask is not None:
+            return None  # a masked kernel: its gradient is masked too (left to the exact fallback)
         own = mod.variables.get("params", None)
         if not own:
             return None
@@ -114,6 +161,10 @@ class _Tapper:
         if self.bypass:
             return next_fun(*args, **kwargs)
         mod, method = context.module, context.method_name
+        if self.mode == "discover":
+            _check_per_example_meaning(mod, method, args, kwargs)
+            if not self.tap:
+                return next_fun(*args, **kwargs)
         cand = self._candidate(mod, method, args, kwargs)
         if cand is None:
             return next_fun(*args, **kwargs)
@@ -157,6 +208,68 @@ def _used_invars(closed_jaxpr) -> set:
     return used
 
 
+_RANDOM_DRAWS = ("random_bits", "threefry2x32")
+
+
+def _sub_jaxprs(params) -> list:
+    subs = []
+    for v in params.values():
+        for x in (v if isinstance(v, (tuple, list)) else (v,)):
+            if isinstance(x, jex_core.ClosedJaxpr):
+                subs.append(x.jaxpr)
+            elif isinstance(x, jex_core.Jaxpr):
+                subs.append(x)
+    return subs
+
+
+def shared_random_draws(jaxpr, tainted: Sequence[bool]) -> int:
+    """Number of random draws in `jaxpr` whose key does not depend on the inputs marked `tainted`.
+
+    Forward dependence analysis through nested jaxprs (jit, custom derivatives, scan, cond); inside
+    constructs it cannot map input by input (while loops) it assumes every inner value depends on the
+    example as soon as one input does, so it may miss a shared key there but never reports a false one."""
+    return _taint(jaxpr, list(tainted))[1]
+
+
+def _taint(jaxpr, tainted: list[bool]) -> tuple[list[bool], int]:
+    env = dict(zip(jaxpr.invars, tainted))
+
+    def t(v):
+        return isinstance(v, jex_core.Var) and env.get(v, False)
+
+    count = 0
+    for eqn in jaxpr.eqns:
+        ins = [t(v) for v in eqn.invars]
+        name = eqn.primitive.name
+        if name in _RANDOM_DRAWS and not ins[0]:
+            count += 1
+        outs = [any(ins)] * len(eqn.outvars)
+        subs = _sub_jaxprs(eqn.params)
+        if name == "cond":     # branches see the operands after the branch index
+            res = [_taint(b, ins[1:]) for b in subs]
+            count += max(c for _, c in res)
+            outs = [ins[0] or any(r[0][i] for r in res) for i in range(len(eqn.outvars))]
+        elif name == "scan":   # carries may become example-dependent after the first iteration
+            nc, nk = eqn.params["num_consts"], eqn.params["num_carry"]
+            inner = list(ins)
+            while True:
+                o, c = _taint(subs[0], inner)
+                grown = [a or b for a, b in zip(inner[nc:nc + nk], o[:nk])]
+                if grown == inner[nc:nc + nk]:
+                    break
+                inner[nc:nc + nk] = grown
+            count += c
+            outs = o
+        elif len(subs) == 1 and len(subs[0].invars) == len(ins) and len(subs[0].outvars) == len(outs):
+            outs, c = _taint(subs[0], ins)
+            count += c
+        else:
+            count += sum(_taint(s, [any(ins)] * len(s.invars))[1] for s in subs)
+        for v, o in zip(eqn.outvars, outs):
+            env[v] = o
+    return [t(v) for v in jaxpr.outvars], count
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """Which sites are tapped and which parameter leaves are covered / fallback / unused."""
@@ -180,11 +293,8 @@ def discover(per_example_loss: Callable, leaves: Sequence[Any], treedef, example
 
     def fn(lv, site_lv, ex):
         params = jax.tree.unflatten(treedef, lv)
-        tapper = _Tapper("discover", lv, site_lv)
-        if use_taps:
-            with nn.intercept_methods(tapper):
-                loss = per_example_loss(params, ex)
-        else:
+        tapper = _Tapper("discover", lv, site_lv, tap=use_taps)
+        with nn.intercept_methods(tapper):
             loss = per_example_loss(params, ex)
         holder["tapper"] = tapper
         holder["loss_shape"] = tuple(jnp.shape(loss))
@@ -193,6 +303,14 @@ def discover(per_example_loss: Callable, leaves: Sequence[Any], treedef, example
     closed = jax.make_jaxpr(fn)(leaf_structs, leaf_structs, ex_structs)
     tapper = holder["tapper"]
     n = len(leaves)
+    n_shared = shared_random_draws(closed.jaxpr, [False] * (2 * n) + [True] * (len(closed.jaxpr.invars) - 2 * n))
+    if n_shared:
+        warnings.warn(
+            f"the per-example loss makes {n_shared} random draw(s) with a key that does not depend on the "
+            "example (e.g. a dropout key closed over in loss_fn): every example of the batch gets the same "
+            "mask. Put one key per example into the batch (keys = jax.random.split(key, B)) and use it in "
+            "loss_fn, e.g. model.apply(..., rngs={'dropout': batch['key'][0]}).",
+            SharedRandomnessWarning, stacklevel=3)
     used = _used_invars(closed)
     invars = closed.jaxpr.invars
     direct = {i for i in range(n) if invars[i] in used}          # original leaf used outside sites
