@@ -83,8 +83,8 @@ def make_batch(key, B, L, vocab):
     return {"seq": items[:, :-1], "tgt": items[:, 1:]}
 
 
-def make_steps(model, methods):
-    loss_fn = make_loss(model)
+def make_steps(loss_fn, methods):
+    """{name: (step function, is_dp)} for one Adam step of each method on `loss_fn` (per-example losses)."""
     opt = optax.adam(1e-3)
     noise = jc.dp_aggregate(1.0, 1.0, 1.0, jax.random.PRNGKey(0))
     steps = {}
@@ -134,15 +134,17 @@ def peak_bytes(compiled) -> int:
 CAPPED_METHODS = ("jax_privacy",)
 
 
-def bench_config(vocab, L, B, dim, methods, reps, budget, max_seconds, step_time_cap=None):
-    model = DPFormerSize(vocab, L, dim)
-    batch = make_batch(jax.random.PRNGKey(0), B, L, vocab)
+def measure(loss_fn, params, batch, methods, reps, budget, max_seconds, step_time_cap=None):
+    """Compiles and times one step of each method side by side on one batch.
+
+    Returns ({method: row}, unfinished); rows carry step_seconds, peak_memory_bytes, compile_seconds
+    and the ratios dp_over_nonprivate / memory_over_nonprivate."""
+    B = int(jax.tree.leaves(batch)[0].shape[0])
     mask = jnp.ones((B,), jnp.float32)
-    params = model.init(jax.random.PRNGKey(1), batch["seq"][:1])["params"]
     opt_state = optax.adam(1e-3).init(params)
     nstate = jc.dp_aggregate(1.0, 1.0, 1.0, jax.random.PRNGKey(0)).init(params)
     rows, compiled = {}, {}
-    for name, (fn, dp) in make_steps(model, methods).items():
+    for name, (fn, dp) in make_steps(loss_fn, methods).items():
         state = (nstate, opt_state) if dp else opt_state
         t0 = time.perf_counter()
         try:
@@ -198,17 +200,24 @@ def bench_config(vocab, L, B, dim, methods, reps, budget, max_seconds, step_time
         rows[name].update(step_seconds=time.perf_counter() - t0, repeats=1,
                           note="one (first) step, run alone after the other methods, under --step-time-cap")
     base = rows.get("nonprivate", {})
-    out = []
     for name, r in rows.items():
-        row = {"method": name, "vocab": vocab, "seq_len": L, "batch": B, "dim": dim, **r}
+        row = r
         if name != "nonprivate" and "step_seconds" in r and "step_seconds" in base:
             row["dp_over_nonprivate"] = r["step_seconds"] / base["step_seconds"]
         if "step_seconds_lower_bound" in r and "step_seconds" in base:
             row["dp_over_nonprivate_lower_bound"] = r["step_seconds_lower_bound"] / base["step_seconds"]
         if name != "nonprivate" and "peak_memory_bytes" in r and "peak_memory_bytes" in base:
             row["memory_over_nonprivate"] = r["peak_memory_bytes"] / base["peak_memory_bytes"]
-        out.append(row)
-    return out, unfinished
+    return rows, unfinished
+
+
+def bench_config(vocab, L, B, dim, methods, reps, budget, max_seconds, step_time_cap=None):
+    model = DPFormerSize(vocab, L, dim)
+    batch = make_batch(jax.random.PRNGKey(0), B, L, vocab)
+    params = model.init(jax.random.PRNGKey(1), batch["seq"][:1])["params"]
+    rows, unfinished = measure(make_loss(model), params, batch, methods, reps, budget, max_seconds, step_time_cap)
+    return [{"method": name, "vocab": vocab, "seq_len": L, "batch": B, "dim": dim, **r}
+            for name, r in rows.items()], unfinished
 
 
 GRIDS = {
