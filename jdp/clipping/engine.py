@@ -141,9 +141,9 @@ def _site_contribs(plan, leaves, records, tap_grads, contribs):
             # per-example kernel gradient = patches^T output grads (im2col), per feature group
             kid = pid["kernel"]
             kshape = np.shape(leaves[kid])                 # kernel spatial... + (C_in / G, C_out)
-            G, Q = site.module.feature_group_count, kshape[-1]
+            G, Q = site.conv.feature_group_count, kshape[-1]
             K, cg = int(math.prod(kshape[:-2])), kshape[-2]
-            pat = _taps.conv_patches(site.module, x).astype(jnp.float32).reshape(B, -1, K, G, cg)
+            pat = _taps.conv_patches(site.conv, x).astype(jnp.float32).reshape(B, -1, K, G, cg)
             T = pat.shape[1]
             gf = g.reshape(B, T, Q).astype(jnp.float32)
             contribs[kid].pq = (K * cg, Q)
@@ -174,7 +174,7 @@ def _site_contribs(plan, leaves, records, tap_grads, contribs):
             own = {n: leaves[i] for n, i in pid.items()}
 
             def one(xb, gb, own=own, site=site):
-                _, vjp = jax.vjp(lambda p: site.module.apply({"params": p}, xb, method=site.method), own)
+                _, vjp = jax.vjp(lambda p: site.apply(p, xb), own)
                 return vjp(gb)[0]
 
             per = jax.vmap(one)(x, g)
@@ -415,7 +415,7 @@ def explain(loss_fn: Callable, params: Any, batch: Any, method: str = "auto",
     with jax.default_matmul_precision("highest"):
         jax.eval_shape(trace, leaves, batch)
     plan = out["plan"]
-    rows = [{"site": s.index, "layer": type(s.module).__name__, "method": s.method, "kind": s.kind,
+    rows = [{"site": s.index, "layer": s.layer, "method": s.method, "kind": s.kind,
              "tapped": s.index in plan.allowed, "params": [paths[i] for i in s.leaf_ids]} for s in plan.sites]
     described = {}
     for i, d in out["leaves"].items():

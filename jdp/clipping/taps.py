@@ -19,13 +19,16 @@ How it works (no change to the user's model):
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import math
 import threading
 import warnings
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
+from flax import nnx
 from flax.core import tracers as _flax_tracers
 import jax
 import jax.extend.core as jex_core
@@ -44,6 +47,16 @@ _KINDS: dict[tuple[type, str], str] = {
     (nn.GroupNorm, "__call__"): "local",
     (nn.InstanceNorm, "__call__"): "local",
 }
+# The same layers in flax.nnx (same parameter names and layouts as their linen twins).
+_NNX_KINDS: dict[tuple[type, str], str] = {
+    (nnx.Linear, "__call__"): "dense",
+    (nnx.Conv, "__call__"): "conv",
+    (nnx.Embed, "__call__"): "lookup",
+    (nnx.Embed, "attend"): "attend",
+    (nnx.LayerNorm, "__call__"): "local",
+    (nnx.RMSNorm, "__call__"): "local",
+    (nnx.GroupNorm, "__call__"): "local",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,14 +64,26 @@ class Site:
     """One recognised call of a layer (static description, per-example shapes incl. the leading 1)."""
     index: int
     kind: str                       # dense | conv | lookup | attend | local
-    module: Any                     # unbound clone of the module (config only)
+    layer: str                      # the layer's class name
     method: str
-    param_names: tuple[str, ...]    # the module's own parameter names
+    apply: Callable                 # apply(own_params: {name: array}, x) -> the layer's output
+    param_names: tuple[str, ...]    # the layer's own parameter names
     leaf_ids: tuple[int, ...]       # index of each parameter in the flattened params
     in_shape: tuple[int, ...]
     out_shape: tuple[int, ...]
     out_dtype: Any
     axis: tuple[int, ...] = ()      # dense: contracted input axes (normalised)
+    conv: Any = None                # conv: an nn.Conv with the layer's configuration
+
+
+@dataclasses.dataclass(frozen=True)
+class _Candidate:
+    kind: str
+    names: tuple[str, ...]
+    ids: tuple[int, ...]
+    apply: Callable
+    axis: tuple[int, ...] = ()
+    conv: Any = None
 
 
 class _State(threading.local):
@@ -87,26 +112,43 @@ def conv_patches(conv: nn.Conv, x: jax.Array) -> jax.Array:
     return jnp.swapaxes(out, -1, -2).reshape(out.shape[:-2] + (K * cin,))
 
 
+def _linen_conv_of(conv: nnx.Conv) -> nn.Conv:
+    return nn.Conv(features=conv.out_features, kernel_size=conv.kernel_size, strides=conv.strides,
+                   padding=conv.padding, input_dilation=conv.input_dilation,
+                   kernel_dilation=conv.kernel_dilation, feature_group_count=conv.feature_group_count,
+                   use_bias=conv.use_bias, dtype=conv.dtype, precision=conv.precision)
+
+
 class SharedRandomnessWarning(UserWarning):
     """The per-example loss draws random numbers with a key that is the same for every example."""
 
 
 def _check_per_example_meaning(mod, method: str, args, kwargs) -> None:
     """Refuses layers whose meaning changes when the loss is evaluated one example at a time."""
-    if isinstance(mod, nn.BatchNorm) and method == "__call__":
+    if isinstance(mod, (nn.BatchNorm, nnx.BatchNorm)) and method == "__call__":
         arg = kwargs.get("use_running_average", args[1] if len(args) > 1 else None)
         frozen = mod.use_running_average if arg is None else arg
         if not frozen:
             raise ValueError(
-                f"BatchNorm {mod.name!r} runs in training mode (use_running_average=False). Per-example "
-                "gradients evaluate the model one example at a time, so batch statistics would be each "
-                "example's own (a different model from the batched one, whose statistics also mix the "
-                "examples and break per-example clipping). Use nn.GroupNorm or nn.LayerNorm instead, or "
-                "freeze the statistics (use_running_average=True, computed on public data).")
+                f"BatchNorm {getattr(mod, 'name', None) or ''!r} runs in training mode "
+                "(use_running_average=False). Per-example gradients evaluate the model one example at a "
+                "time, so batch statistics would be each example's own (a different model from the "
+                "batched one, whose statistics also mix the examples and break per-example clipping). "
+                "Use GroupNorm or LayerNorm instead, or freeze the statistics (use_running_average=True, "
+                "computed on public data).")
+
+
+def _linen_apply(module, method, own, x):
+    return module.apply({"params": own}, x, method=method)
+
+
+def _nnx_apply(graphdef, state_def, names, method, own, x):
+    layer = nnx.merge(graphdef, jax.tree.unflatten(state_def, [own[n] for n in names]))
+    return getattr(layer, method)(x)
 
 
 class _Tapper:
-    """Interceptor state for one trace ('discover' or 'run')."""
+    """Interceptor state for one trace ('discover' or 'run') of linen and nnx layer calls."""
 
     def __init__(self, mode: str, leaves: Sequence[Any], site_leaves: Sequence[Any],
                  sites: Sequence[Site] | None = None, allowed: frozenset[int] = frozenset(),
@@ -125,11 +167,9 @@ class _Tapper:
         # run at another trace level: they are not tapped (their inputs could not be recorded).
         self.trace = _flax_tracers.current_trace()
 
-    def _candidate(self, mod, method, args, kwargs):
+    def _linen_candidate(self, mod, method, args, kwargs) -> _Candidate | None:
         kind = _KINDS.get((type(mod), method))
         if kind is None or kwargs or len(args) != 1 or mod.scope is None:
-            return None
-        if _flax_tracers.current_trace() != self.trace:
             return None
         if kind == "dense" and isinstance(mod, nn.DenseGeneral) and mod.batch_dims:
             return None
@@ -147,52 +187,112 @@ class _Tapper:
                 return None  # parameters not passed in directly (lifted transform, cast, ...)
             names.append(name)
             ids.append(idx)
-        return kind, tuple(names), tuple(ids)
+        clone = mod.clone(parent=None)
+        axis = ()
+        if kind == "dense":
+            ax = mod.axis if isinstance(mod, nn.DenseGeneral) else -1
+            ax = (ax,) if isinstance(ax, int) else tuple(ax)
+            axis = tuple(sorted(a % args[0].ndim for a in ax))
+        return _Candidate(kind, tuple(names), tuple(ids), functools.partial(_linen_apply, clone, method),
+                          axis, clone if kind == "conv" else None)
 
-    def _apply_clone(self, site_mod, names, ids, method, x):
+    def _nnx_candidate(self, mod, method, args, kwargs) -> _Candidate | None:
+        kind = _NNX_KINDS.get((type(mod), method))
+        if kind is None or kwargs or len(args) != 1:
+            return None
+        if kind == "conv" and mod.mask is not None:
+            return None
+        graphdef, state = nnx.split(mod)
+        flat, state_def = jax.tree_util.tree_flatten_with_path(state)
+        names, ids = [], []
+        for path, value in flat:
+            idx = self.leaf_index.get(id(value))
+            if idx is None or len(path) < 1:
+                return None  # state that is not a parameter passed in (statistics, rngs, a cast, ...)
+            names.append(str(getattr(path[0], "key", path[0])))
+            ids.append(idx)
+        if not names:
+            return None
+        apply = functools.partial(_nnx_apply, graphdef, jax.tree.structure(state), tuple(names), method)
+        axis = (args[0].ndim - 1,) if kind == "dense" else ()
+        return _Candidate(kind, tuple(names), tuple(ids), apply, axis,
+                          _linen_conv_of(mod) if kind == "conv" else None)
+
+    def _apply(self, apply, names, ids, x):
         own = {n: self.site_leaves[i] for n, i in zip(names, ids)}
         self.bypass = True
         try:
-            return site_mod.apply({"params": own}, x, method=method)
+            return apply(own, x)
         finally:
             self.bypass = False
 
-    def __call__(self, next_fun, args, kwargs, context):
+    def intercept(self, mod, method, args, kwargs, call, nnx_layer=False):
+        """One layer call: validated, then tapped when it is a recognised layer, else run as is."""
         if self.bypass:
-            return next_fun(*args, **kwargs)
-        mod, method = context.module, context.method_name
+            return call()
         if self.mode == "discover":
             _check_per_example_meaning(mod, method, args, kwargs)
             if not self.tap:
-                return next_fun(*args, **kwargs)
-        cand = self._candidate(mod, method, args, kwargs)
+                return call()
+        if _flax_tracers.current_trace() != self.trace:
+            return call()
+        cand = (self._nnx_candidate if nnx_layer else self._linen_candidate)(mod, method, args, kwargs)
         if cand is None:
-            return next_fun(*args, **kwargs)
-        kind, names, ids = cand
+            return call()
         k = self.count
         self.count += 1
         x = args[0]
         if self.mode == "discover":
-            clone = mod.clone(parent=None)
-            out = self._apply_clone(clone, names, ids, method, x)
-            axis = ()
-            if kind == "dense":
-                ax = mod.axis if isinstance(mod, nn.DenseGeneral) else -1
-                ax = (ax,) if isinstance(ax, int) else tuple(ax)
-                axis = tuple(sorted(a % x.ndim for a in ax))
-            self.sites.append(Site(k, kind, clone, method, names, ids, tuple(x.shape),
-                                   tuple(out.shape), out.dtype, axis))
+            out = self._apply(cand.apply, cand.names, cand.ids, x)
+            self.sites.append(Site(k, cand.kind, type(mod).__name__, method, cand.apply, cand.names, cand.ids,
+                                   tuple(x.shape), tuple(out.shape), out.dtype, cand.axis, cand.conv))
             return out
         # run mode
         site = self.sites[k]
-        if site.kind != kind or site.param_names != names:
+        if site.kind != cand.kind or site.param_names != cand.names:
             raise RuntimeError("the model's layer calls changed between traces; the loss must be a "
                                "deterministic function of (params, batch)")
         if k not in self.allowed:
-            return next_fun(*args, **kwargs)
-        out = self._apply_clone(site.module, names, ids, method, x)
+            return call()
+        out = self._apply(site.apply, cand.names, cand.ids, x)
         self.records[k] = x
         return out + self.taps[k].astype(out.dtype)
+
+    def __call__(self, next_fun, args, kwargs, context):   # the linen interceptor
+        return self.intercept(context.module, context.method_name, args, kwargs,
+                              lambda: next_fun(*args, **kwargs))
+
+
+def _nnx_wrapper(cls, name, original):
+    @functools.wraps(original)
+    def wrapper(self, *args, **kwargs):
+        tapper = _STATE.active
+        if tapper is None or type(self) is not cls:
+            return original(self, *args, **kwargs)
+        return tapper.intercept(self, name, args, kwargs, lambda: original(self, *args, **kwargs),
+                                nnx_layer=True)
+    return wrapper
+
+
+@contextlib.contextmanager
+def _intercepting(tapper: _Tapper):
+    """linen: flax's method interceptor. nnx (no interceptor API): the recognised layers' methods are
+    wrapped on their classes for the duration of the trace; outside a trace the wrappers call through."""
+    outer = _STATE.active
+    _STATE.active = tapper
+    patched = []
+    if outer is None:
+        for cls, name in list(_NNX_KINDS) + [(nnx.BatchNorm, "__call__")]:
+            original = cls.__dict__[name]
+            setattr(cls, name, _nnx_wrapper(cls, name, original))
+            patched.append((cls, name, original))
+    try:
+        with nn.intercept_methods(tapper):
+            yield
+    finally:
+        for cls, name, original in patched:
+            setattr(cls, name, original)
+        _STATE.active = outer
 
 
 def _used_invars(closed_jaxpr) -> set:
@@ -294,7 +394,7 @@ def discover(per_example_loss: Callable, leaves: Sequence[Any], treedef, example
     def fn(lv, site_lv, ex):
         params = jax.tree.unflatten(treedef, lv)
         tapper = _Tapper("discover", lv, site_lv, tap=use_taps)
-        with nn.intercept_methods(tapper):
+        with _intercepting(tapper):
             loss = per_example_loss(params, ex)
         holder["tapper"] = tapper
         holder["loss_shape"] = tuple(jnp.shape(loss))
@@ -343,7 +443,7 @@ def run_per_example(per_example_loss: Callable, plan: Plan, leaves: Sequence[Any
         params = jax.tree.unflatten(treedef, lv)
         tapper = _Tapper("run", lv, lv, plan.sites, plan.allowed, taps)
         if plan.allowed:
-            with nn.intercept_methods(tapper):
+            with _intercepting(tapper):
                 loss = per_example_loss(params, example)
         else:
             loss = per_example_loss(params, example)
