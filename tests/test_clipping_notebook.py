@@ -7,3 +7,4 @@ def test_dp_sgd_flax_notebook_runs(run_notebook):
     assert "max rel. difference to vmap(grad)" in text
     assert "total epsilon" in text
     assert "one manual step done" in text
+    assert "nnx DP-SGD done" in text and "'conv'" in text
