@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from typing import Callable, Sequence
 
 import dp_accounting
@@ -45,14 +46,27 @@ def check_epsilon(epsilon: float, name: str = "epsilon", allow_inf: bool = False
     return value
 
 
-def check_delta(delta: float, name: str = "delta") -> float:
-    """Returns delta as float; raises ValueError unless 0 < delta < 1."""
+def check_delta(delta: float, name: str = "delta", num_units: int | None = None) -> float:
+    """Returns delta as float; raises ValueError unless 0 < delta < 1.
+
+    With `num_units` (the number of protected units: examples, users, tasks) also refuses
+    delta >= 1/num_units — publishing one random unit's data in the clear is (0, 1/n)-DP, so such a
+    guarantee means nothing — and warns above 1/(10 num_units)."""
     try:
         value = float(delta)
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be in (0, 1), got {delta!r}") from None
     if not (0.0 < value < 1.0):
         raise ValueError(f"{name} must be in (0, 1), got {delta!r}")
+    if num_units is not None and int(num_units) >= 1:
+        n = int(num_units)
+        if value >= 1.0 / n:
+            raise ValueError(f"{name} = {value:.3g} >= 1/n = {1.0 / n:.3g} for n = {n} protected units: a "
+                             f"mechanism that publishes one random unit's data in the clear meets that "
+                             f"guarantee. Use {name} well below 1/n (e.g. <= {0.1 / n:.2g}).")
+        if value > 0.1 / n:
+            warnings.warn(f"{name} = {value:.3g} is above 1/(10 n) = {0.1 / n:.3g} for n = {n} protected units; "
+                          f"the usual choice is {name} << 1/n", stacklevel=2)
     return value
 
 

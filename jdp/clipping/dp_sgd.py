@@ -293,7 +293,7 @@ def dp_sgd(loss_fn: Callable, optimizer: optax.GradientTransformation, *, num_ex
     if batch_size > num_examples:
         raise ValueError(f"batch_size ({batch_size}) must be <= num_examples ({num_examples})")
     C = check_positive(l2_clip, "l2_clip")
-    delta = check_delta(delta)
+    delta = check_delta(delta, num_units=int(num_examples))
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     q = float(batch_size) / int(num_examples)

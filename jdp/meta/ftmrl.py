@@ -63,7 +63,7 @@ def dp_ftmrl(key, tasks: TaskSet, learner, h0: PyTree, *, epsilon: float | None,
         raise ValueError(f"tasks must be a TaskSet, got {type(tasks).__name__}")
     clip = acc.check_positive(clip, "clip")
     meta_lr = acc.check_positive(meta_lr, "meta_lr")
-    delta = acc.check_delta(delta)
+    delta = acc.check_delta(delta, num_units=tasks.n_tasks)
     if not 1 <= int(batch_size) <= tasks.n_tasks:
         raise ValueError(f"batch_size must be in [1, n_tasks={tasks.n_tasks}], got {batch_size}")
     if output not in OUTPUTS:

@@ -91,7 +91,7 @@ def run_private(key, tasks: TaskSet, learner, h0_flat: jax.Array, spec: engine.F
     """Calibrates, runs the engine and fills the report (shared by Alg. 1 and Alg. 2)."""
     _validate(tasks, steps, batch_size, meta_lr, clip, sampling, output, radius)
     clip = acc.check_positive(clip, "clip")
-    delta = acc.check_delta(delta)
+    delta = acc.check_delta(delta, num_units=tasks.n_tasks)
     if calibration not in CALIBRATIONS:
         raise ValueError(f"calibration must be one of {CALIBRATIONS}, got {calibration!r}")
     if (epsilon is None) == (noise_multiplier is None):

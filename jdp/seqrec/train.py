@@ -134,6 +134,7 @@ def sampling_plan(data: SeqData, cfg: TrainConfig) -> tuple[int, float, int]:
         raise ValueError(f"n_users_public ({N}) must be >= the users in the data ({n_data})")
     if cfg.batch_size > N:
         raise ValueError(f"batch_size must be <= number of users ({N}), got {cfg.batch_size}")
+    accounting.check_delta(cfg.delta, num_units=N)
     return N, cfg.batch_size / N, max(1, int(math.ceil(cfg.epochs * N / cfg.batch_size)))
 
 

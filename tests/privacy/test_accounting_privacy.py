@@ -81,3 +81,23 @@ def test_relation_is_passed_to_the_accountant_and_calibration_agrees():
         compute_epsilon(dpe.GaussianDpEvent(2.0), DELTA, "pld"), rel=1e-3)
     with pytest.raises(ValueError, match="relation"):
         make_accountant(relation="add/remove")
+
+
+def test_delta_at_or_above_one_over_n_is_refused_and_near_it_warned():
+    # publishing one random unit in the clear is (0, 1/n)-DP: such a delta guarantees nothing
+    import warnings
+
+    import optax
+
+    import jdp.clipping as jc
+    from jdp.accounting import check_delta
+    with pytest.raises(ValueError, match="1/n"):
+        check_delta(0.1, num_units=10)
+    with pytest.warns(UserWarning, match="1/\\(10 n\\)"):
+        check_delta(0.05, num_units=10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert check_delta(0.01, num_units=10) == 0.01
+    with pytest.raises(ValueError, match="1/n"):
+        jc.dp_sgd(lambda p, b: b, optax.sgd(0.1), num_examples=10, batch_size=2, l2_clip=1.0,
+                  delta=0.5, steps=2, noise_multiplier=1.0)
