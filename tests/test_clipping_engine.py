@@ -334,7 +334,7 @@ class MnistCNN(nn.Module):
     @nn.compact
     def __call__(self, x):
         x = nn.avg_pool(nn.relu(nn.Conv(8, (3, 3))(x)), (2, 2), (2, 2))
-        x = nn.avg_pool(nn.relu(nn.Conv(6, (3, 3))(x)), (2, 2), (2, 2))
+        x = nn.avg_pool(nn.relu(nn.Conv(6, (3, 3), kernel_dilation=(1, 2))(x)), (2, 2), (2, 2))
         return nn.Dense(4)(nn.relu(nn.Dense(8)(x.reshape(x.shape[0], -1))))
 
 
@@ -447,3 +447,12 @@ def test_a_dropout_key_shared_by_all_examples_warns_a_per_example_key_does_not()
         jaxpr = jax.make_jaxpr(scanned)(jax.random.key(0), jnp.arange(3))
         assert shared_random_draws(jaxpr.jaxpr, [False, True]) == 0
         assert shared_random_draws(jaxpr.jaxpr, [False, False]) == 1
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(padding="VALID", strides=(2, 3)), dict(kernel_dilation=(2, 1), strides=2),
+                                dict(padding=((1, 2), (0, 3)), strides=2), dict(padding="SAME_LOWER", strides=2)])
+def test_sliced_conv_patches_equal_the_layers_own(kw):
+    from jdp.clipping.taps import conv_patches, patches_by_layer
+    x = jax.random.normal(jax.random.PRNGKey(0), (2, 1, 9, 8, 3))
+    conv = nn.Conv(4, (3, 2), **kw)
+    np.testing.assert_array_equal(np.asarray(conv_patches(conv, x)), np.asarray(patches_by_layer(conv, x)))

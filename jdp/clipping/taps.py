@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 import flax.linen as nn
 from flax import nnx
 from flax.core import tracers as _flax_tracers
+from flax.linen.linear import canonicalize_padding
 import jax
 import jax.extend.core as jex_core
 import jax.numpy as jnp
@@ -94,13 +95,43 @@ class _State(threading.local):
 _STATE = _State()
 
 
+def _tuple(v, n: int) -> tuple[int, ...]:
+    return (1,) * n if v is None else ((v,) * n if isinstance(v, int) else tuple(v))
+
+
 def conv_patches(conv: nn.Conv, x: jax.Array) -> jax.Array:
     """Input patches that each output position of `conv` reads: [..., out positions..., K*C_in], with
     the K*C_in features in the kernel's own (kernel spatial..., C_in) order (im2col).
 
-    Computed by the layer itself (a clone with a one-hot depthwise kernel), so strides, dilations and
-    every flax padding mode (SAME, VALID, explicit, CIRCULAR, REFLECT, CAUSAL) are the layer's own; the
-    one-hot products are exact at HIGHEST precision. Cost: K*K*C_in per position, far below the conv."""
+    SAME / VALID / explicit padding without input dilation: strided slices of the padded input (pads
+    from `lax.padtype_to_pads`, as `lax.conv_general_dilated` computes them). Every other case (CIRCULAR,
+    REFLECT, CAUSAL, input dilation) is computed by the layer itself — a clone with a one-hot depthwise
+    kernel, exact at HIGHEST precision — so its padding semantics are the layer's own."""
+    ks = (conv.kernel_size,) if isinstance(conv.kernel_size, int) else tuple(conv.kernel_size)
+    K, cin, nd = math.prod(ks), x.shape[-1], len(ks)
+    padding = canonicalize_padding(conv.padding, nd)
+    if _tuple(conv.input_dilation, nd) == (1,) * nd and not (
+            isinstance(padding, str) and padding not in ("SAME", "VALID", "SAME_LOWER")):
+        strides, dil = _tuple(conv.strides, nd), _tuple(conv.kernel_dilation, nd)
+        lead, spatial = x.shape[:-(nd + 1)], x.shape[-(nd + 1):-1]
+        xs = x.reshape((-1,) + x.shape[-(nd + 1):])
+        if conv.dtype is not None:      # the layer computes in its dtype (as promote_dtype casts)
+            xs = xs.astype(conv.dtype)
+        pads = (jax.lax.padtype_to_pads(spatial, [(k - 1) * d + 1 for k, d in zip(ks, dil)], strides, padding)
+                if isinstance(padding, str) else list(padding))
+        xs = jnp.pad(xs, [(0, 0)] + [tuple(p) for p in pads] + [(0, 0)])
+        out = [(n + lo + hi - (k - 1) * d - 1) // s + 1
+               for n, (lo, hi), k, d, s in zip(spatial, pads, ks, dil, strides)]
+        cols = []
+        for offset in np.ndindex(*ks):       # row-major over the kernel, as the kernel is laid out
+            idx = tuple(slice(o * d, o * d + (m - 1) * s + 1, s) for o, d, m, s in zip(offset, dil, out, strides))
+            cols.append(xs[(slice(None),) + idx + (slice(None),)])
+        return jnp.concatenate(cols, axis=-1).reshape(lead + tuple(out) + (K * cin,))
+    return patches_by_layer(conv, x)
+
+
+def patches_by_layer(conv: nn.Conv, x: jax.Array) -> jax.Array:
+    """`conv_patches` computed by the layer itself (any padding mode): a one-hot depthwise clone."""
     ks = (conv.kernel_size,) if isinstance(conv.kernel_size, int) else tuple(conv.kernel_size)
     K, cin = math.prod(ks), x.shape[-1]
     # output feature c*K + s of the depthwise clone copies input channel c at kernel offset s
