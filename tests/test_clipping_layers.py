@@ -1,0 +1,140 @@
+"""Conv and norm layers (linen), validators for what per-example evaluation cannot mean."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jdp.clipping as jc
+from test_clipping_engine import check, reference, run, setup
+
+
+# ------------------------------------------------------------------------------------------ convolutions
+class MnistCNN(nn.Module):
+    """As in Flax's MNIST example (smaller)."""
+
+    @nn.compact
+    def __call__(self, x):
+        x = nn.avg_pool(nn.relu(nn.Conv(8, (3, 3))(x)), (2, 2), (2, 2))
+        x = nn.avg_pool(nn.relu(nn.Conv(6, (3, 3), kernel_dilation=(1, 2))(x)), (2, 2), (2, 2))
+        return nn.Dense(4)(nn.relu(nn.Dense(8)(x.reshape(x.shape[0], -1))))
+
+
+class ResBlocks(nn.Module):
+    """ResNet-style: strided conv, GroupNorm, a projection shortcut, a grouped conv, circular padding."""
+
+    @nn.compact
+    def __call__(self, x):
+        h = nn.relu(nn.GroupNorm(2)(nn.Conv(4, (3, 3), use_bias=False)(x)))
+        y = nn.GroupNorm(2)(nn.Conv(6, (3, 3), strides=2, use_bias=False)(h))
+        y = nn.Conv(6, (2, 2), feature_group_count=3, padding="CIRCULAR", kernel_dilation=2)(nn.relu(y))
+        h = nn.relu(y + nn.Conv(6, (1, 1), strides=2, name="shortcut")(h))
+        return nn.Dense(4)(h.mean(axis=(1, 2)))
+
+
+class Causal1D(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        h = nn.tanh(nn.Conv(5, (3,), padding="CAUSAL", kernel_dilation=2)(x))
+        h = nn.Conv(4, (2,), strides=(2,), input_dilation=2, padding=((1, 0),))(h)
+        return nn.Dense(3)(h.mean(1))
+
+
+@pytest.mark.parametrize("model,shape,methods,groups", [
+    (MnistCNN(), (5, 12, 12, 1), ("auto",), False),
+    (ResBlocks(), (5, 8, 8, 3), ("auto", "ghost", "ghost-two-pass"), True),
+    (Causal1D(), (5, 9, 2), ("auto", "ghost"), False)], ids=["mnist", "resnet", "causal1d"])
+def test_conv_layers_are_tapped_and_exact(model, shape, methods, groups):
+    x = jax.random.normal(jax.random.PRNGKey(0), shape)
+    batch = {"x": x, "y": jnp.array([0, 1, 2, 0, 1])}
+    params, loss_fn, C = setup(model, batch, x, 1)
+    ref_sum, ref_norms = reference(loss_fn, params, batch, C)
+    for method in methods:
+        check(run(loss_fn, params, batch, l2_clip=C, method=method), ref_sum, ref_norms)
+    if groups:                                                # user-level (pairwise) norms too
+        gids = jnp.array([0, 1, 2, 0, 1])
+        ref_sum, ref_norms = reference(loss_fn, params, batch, C, group_ids=gids, num_groups=3)
+        check(run(loss_fn, params, batch, l2_clip=C, group_ids=gids, num_groups=3), ref_sum, ref_norms)
+    plan = jc.explain(loss_fn, params, batch)
+    assert plan[-1]["fallback"] == []                        # every conv (and GroupNorm) is tapped
+    assert all(r["tapped"] for r in plan[:-1])
+    assert {r["layer"] for r in plan[:-1]} >= {"Conv", "Dense"}
+
+
+# ------------------------------------------------------------------------------------------ validators
+class BNNet(nn.Module):
+    train: bool = True
+
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(3)(nn.BatchNorm(use_running_average=not self.train)(nn.Dense(4)(x)))
+
+
+def test_batchnorm_in_training_mode_is_refused_frozen_statistics_are_not():
+    x = jax.random.normal(jax.random.PRNGKey(0), (4, 5))
+    batch = {"x": x, "y": jnp.array([0, 1, 2, 0])}
+    variables = BNNet(train=False).init(jax.random.PRNGKey(1), x)
+
+    def loss(model):
+        def loss_fn(p, b):
+            logits = model.apply({"params": p, "batch_stats": variables["batch_stats"]}, b["x"],
+                                 mutable=["batch_stats"] if model.train else False)
+            logits = logits[0] if model.train else logits
+            return -jnp.take_along_axis(jax.nn.log_softmax(logits), b["y"][:, None], 1)[:, 0]
+        return loss_fn
+
+    for method in ("auto", "vmap"):
+        with pytest.raises(ValueError, match="GroupNorm"):
+            jc.clipped_grad(loss(BNNet(train=True)), variables["params"], batch, l2_clip=1.0, method=method)
+    cg = jc.clipped_grad(loss(BNNet(train=False)), variables["params"], batch, l2_clip=1.0)
+    assert np.all(np.isfinite(np.asarray(cg.norms)))
+
+
+class DropNet(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(3)(nn.Dropout(0.5, deterministic=False)(nn.Dense(8)(x)))
+
+
+def test_a_dropout_key_shared_by_all_examples_warns_a_per_example_key_does_not():
+    import warnings
+    from jdp.clipping.taps import SharedRandomnessWarning
+    x = jax.random.normal(jax.random.PRNGKey(0), (4, 5))
+    params = DropNet().init(jax.random.PRNGKey(1), x)["params"]
+    y = jnp.array([0, 1, 2, 0])
+    key = jax.random.PRNGKey(7)
+
+    def nll(logits, y):
+        return -jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], 1)[:, 0]
+
+    def shared(p, b):        # the key is closed over: every example draws the same mask
+        return nll(DropNet().apply({"params": p}, b["x"], rngs={"dropout": key}), b["y"])
+
+    def per_example_key(p, b):
+        return nll(DropNet().apply({"params": p}, b["x"], rngs={"dropout": b["key"][0]}), b["y"])
+
+    with pytest.warns(SharedRandomnessWarning, match="jax.random.split"):
+        jc.clipped_grad(shared, params, {"x": x, "y": y}, l2_clip=1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SharedRandomnessWarning)
+        jc.clipped_grad(per_example_key, params, {"x": x, "y": y, "key": jax.random.split(key, 4)}, l2_clip=1.0)
+        # a key derived from the example inside a scan is followed through the loop carry
+        from jdp.clipping.taps import shared_random_draws
+
+        def scanned(k, xs):
+            def body(c, xi):
+                c = jax.random.fold_in(c, xi)
+                return c, jax.random.uniform(c)
+            return jax.lax.scan(body, k, xs)[1]
+        jaxpr = jax.make_jaxpr(scanned)(jax.random.key(0), jnp.arange(3))
+        assert shared_random_draws(jaxpr.jaxpr, [False, True]) == 0
+        assert shared_random_draws(jaxpr.jaxpr, [False, False]) == 1
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(padding="VALID", strides=(2, 3)), dict(kernel_dilation=(2, 1), strides=2),
+                                dict(padding=((1, 2), (0, 3)), strides=2), dict(padding="SAME_LOWER", strides=2)])
+def test_sliced_conv_patches_equal_the_layers_own(kw):
+    from jdp.clipping.taps import conv_patches, patches_by_layer
+    x = jax.random.normal(jax.random.PRNGKey(0), (2, 1, 9, 8, 3))
+    conv = nn.Conv(4, (3, 2), **kw)
+    np.testing.assert_array_equal(np.asarray(conv_patches(conv, x)), np.asarray(patches_by_layer(conv, x)))
