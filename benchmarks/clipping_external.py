@@ -151,6 +151,26 @@ def build(name: str, B: int):
 BATCH = {"mnist_cnn": 256, "resnet18_cifar": 128, "lstm_classifier": 256, "lm_tied": 256, "nnx_cnn": 256}
 
 
+def table(rows: list[dict]) -> str:
+    """Markdown: step time and compiled peak memory of each method as multiples of non-private."""
+    methods = [m for m in ("jdp-auto", "jdp-ghost", "jdp-two-pass", "jdp-vmap", "jax_privacy")
+               if any(r["method"] == m for r in rows)]
+    lines = ["| model (batch) | non-private step s | " + " | ".join(f"{m} time / mem" for m in methods) + " |",
+             "|---" * (2 + len(methods)) + "|"]
+    for name in dict.fromkeys(r["model"] for r in rows):
+        by = {r["method"]: r for r in rows if r["model"] == name}
+        base = by.get("nonprivate", {})
+        cells = []
+        for m in methods:
+            r = by.get(m, {})
+            t = r.get("dp_over_nonprivate")
+            mem = r.get("memory_over_nonprivate")
+            cells.append("—" if t is None else f"{t:.2f}× / {mem:.2f}×")
+        lines.append(f"| {name} ({base.get('batch', '?')}) | {base.get('step_seconds', float('nan')):.3f} | "
+                     + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(BATCH))
@@ -162,7 +182,12 @@ def main(argv=None):
     ap.add_argument("--name", default="clipping_external")
     ap.add_argument("--step-time-cap", type=float, default=None,
                     help="seconds: jax_privacy runs last, alone, one step; a lower bound is recorded past the cap")
+    ap.add_argument("--render", nargs="+", default=None, metavar="RESULT_JSON",
+                    help="print the markdown table of these result files and exit")
     args = ap.parse_args(argv)
+    if args.render:
+        print(table([r for f in args.render for r in json.load(open(f))["results"]]))
+        return
     rows = []
     for name in args.models.split(","):
         B = args.batch or BATCH[name]

@@ -84,3 +84,16 @@ def test_calibrate_unreachable_budget_raises():
     fixed = dp_accounting.GaussianDpEvent(0.5)  # alone spends far more than ε = 0.1
     with pytest.raises(ValueError, match="cannot reach"):
         acc.calibrate(lambda s: dp_accounting.ComposedDpEvent([fixed, dp_accounting.GaussianDpEvent(s)]), 0.1, 1e-5)
+
+
+def test_rdp_orders_that_fail_to_converge_are_summarised_not_logged_per_order(caplog):
+    import logging
+    import warnings
+
+    from jdp.clipping import calibrate_noise_multiplier
+    with caplog.at_level(logging.WARNING), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sigma = calibrate_noise_multiplier(2.0, 1e-5, 0.25, 3)   # dp_accounting logs ~100 lines here
+    assert 1.0 < sigma < 3.0
+    assert not [r for r in caplog.records if "failed to converge" in r.getMessage()]
+    assert any("excluded some orders" in str(w.message) for w in caught)
