@@ -6,6 +6,7 @@ import importlib
 import importlib.util
 import sys
 
+import jdp
 from jdp.noise import resolve_seed
 
 # subcommand -> module providing `register(subparsers)`; modules are imported only when present.
@@ -42,6 +43,7 @@ def noise_seed(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jdp", description="Differentially private learning on long-tailed data.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {jdp.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for module_name in SUBCOMMANDS.values():
         try:
