@@ -249,4 +249,5 @@ def clipped_sum(c: LeafContribs, weights: jax.Array) -> jax.Array:
     return out.reshape(c.shape)
 
 
-__all__ = ["LeafContribs", "choose_instantiate", "describe", "finite_rows", "zero_rows", "sq_norms_diag", "sq_norms_pairs", "clipped_sum"]
+__all__ = ["LeafContribs", "choose_instantiate", "describe", "finite_rows", "zero_rows", "sq_norms_diag",
+           "sq_norms_pairs", "clipped_sum"]

@@ -1,15 +1,16 @@
-"""Taps on Flax linen layers: find the call sites of recognised layers, record their inputs and get
-every per-example output gradient from one backward pass.
+"""Taps on Flax layers (linen and nnx): find the call sites of recognised layers, record their inputs and
+get every per-example output gradient from one backward pass.
 
 How it works (no change to the user's model):
-1. `discover` traces the per-example loss once with `flax.linen.intercept_methods`. Every call of a
-   recognised layer (Dense, DenseGeneral, Conv, Embed and Embed.attend, Layer/RMS/Group/InstanceNorm)
-   whose parameters are leaves of the `params` argument becomes a *site*. At a site the layer is re-applied (a clone of
-   the module) with a separate copy of its parameters, so in the traced jaxpr the original parameter
-   inputs are only used by code we do NOT recognise. A parameter leaf is *covered* when it is used by
-   sites only; every other used leaf goes to the exact vmap fallback. This makes the split safe: a
-   parameter read anywhere else (a custom layer, a lifted `nn.scan`, a regulariser in the loss) can
-   never be silently missed.
+1. `discover` traces the per-example loss once, intercepting layer calls (linen: flax's
+   `intercept_methods`; nnx, which has no interceptor: the recognised layers' methods are wrapped on
+   their classes for the duration of the trace). Every call of a recognised layer (Dense/Linear,
+   DenseGeneral, Conv, Embed and Embed.attend, Layer/RMS/Group/InstanceNorm) whose parameters are
+   leaves of the `params` argument becomes a *site*. At a site the layer is re-applied with a separate
+   copy of its parameters, so in the traced jaxpr the original parameter inputs are only used by code
+   we do NOT recognise. A parameter leaf is *covered* when it is used by sites only; every other used
+   leaf goes to the exact vmap fallback. This makes the split safe: a parameter read anywhere else (a
+   custom layer, a lifted `nn.scan`, a regulariser in the loss) can never be silently missed.
    The same trace checks that per-example evaluation keeps the model's meaning: BatchNorm in training
    mode is refused, and random draws whose key does not depend on the example are reported
    (`SharedRandomnessWarning`).
