@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         result = args.func(args)
-    except ValueError as err:  # invalid user input: a clear message, no traceback
+    except (ValueError, OSError) as err:  # invalid user input or a missing/unreadable file: no traceback
         print(f"jdp {args.command}: error: {err}", file=sys.stderr)
         return 2
     return int(result or 0)

@@ -78,6 +78,7 @@ def run(args) -> int:
     if args.algorithm in ("meta-nsgd", "ftmrl") and args.q != 1:
         raise ValueError(f"--q must be 1 for --algorithm {args.algorithm} (use clustering)")
     clip = args.clip if args.clip is not None else (4.0 if args.setting == "single-cluster" else 2.0)
+    acc.check_positive(clip, "--clip")  # before any work (generating tasks takes seconds)
     steps = args.steps or args.n_tasks
     timings = {}
     t0 = time.perf_counter()

@@ -95,6 +95,9 @@ def run(args) -> int:
         from jdp.selection import scenarios as SC
         for e in args.epsilons:
             check_epsilon(e, "--epsilons")
+        for name in ("trials", "k"):
+            if getattr(args, name) < 1:
+                raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
         sc = _scenario(args.scenario)
         q, d = sc.draw(np.random.default_rng(args.data_seed), args.trials, args.k)
         t0 = time.perf_counter()
@@ -106,6 +109,10 @@ def run(args) -> int:
     # run
     epsilon = check_epsilon(args.epsilon, "--epsilon")
     params = _params(args.param)
+    if args.mechanism in S.NONPRIVATE_REFERENCES:
+        raise ValueError(f"{args.mechanism!r} is a non-private reference: `jdp select run` runs private mechanisms "
+                         f"only (`jdp select list`); references run from Python with "
+                         f"jdp.selection.select(..., allow_nonprivate=True)")
     mech = S.get_mechanism(args.mechanism)  # private registry only
     mech.check_params(params)
     q, d, source = _problem(args)

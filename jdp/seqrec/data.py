@@ -71,11 +71,18 @@ def _read_ints(path: str | pathlib.Path, n_cols: int) -> np.ndarray:
     if not path.exists():
         raise ValueError(f"data_path does not exist: {path}")
     text = path.read_text().replace("::", " ")
-    vals = np.array(text.split(), dtype=np.int64)
+    try:
+        vals = np.array(text.split(), dtype=np.int64)
+    except ValueError:
+        vals = None
+    if vals is None or vals.size % n_cols:
+        for lineno, line in enumerate(text.splitlines(), 1):   # name the first bad line
+            fields = line.split()
+            if fields and (len(fields) != n_cols or not all(f.lstrip("-").isdigit() for f in fields)):
+                raise ValueError(f"{path}:{lineno}: expected {n_cols} integers per line, got {line.strip()!r}")
+        raise ValueError(f"data_path {path}: expected {n_cols} integer columns per line")
     if vals.size == 0:
         raise ValueError(f"data_path is empty: {path}")
-    if vals.size % n_cols:
-        raise ValueError(f"data_path {path}: expected {n_cols} columns per line")
     return vals.reshape(-1, n_cols)
 
 
