@@ -110,9 +110,9 @@ def run(args) -> int:
     epsilon = check_epsilon(args.epsilon, "--epsilon")
     params = _params(args.param)
     if args.mechanism in S.NONPRIVATE_REFERENCES:
-        raise ValueError(f"{args.mechanism!r} is a non-private reference: `jdp select run` runs private mechanisms "
-                         f"only (`jdp select list`); references run from Python with "
-                         f"jdp.selection.select(..., allow_nonprivate=True)")
+        raise ValueError(f"{args.mechanism!r} is not differentially private (a reference): `jdp select run` "
+                         "runs private mechanisms only (`jdp select list`); references run from Python with "
+                         "jdp.selection.select(..., allow_nonprivate=True)")
     mech = S.get_mechanism(args.mechanism)  # private registry only
     mech.check_params(params)
     q, d, source = _problem(args)
