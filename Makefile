@@ -19,7 +19,7 @@ demo: $(VENV)/.installed
 TEST_WORKERS := -n auto --maxprocesses 4 --dist loadfile
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q -m "not slow" -p no:cacheprovider $(TEST_WORKERS)
+	$(PY) -m pytest -q -m "not slow" -p no:cacheprovider --durations=25 $(TEST_WORKERS)
 
 test-all: $(VENV)/.installed
 	$(PY) -m pytest -q -p no:cacheprovider $(TEST_WORKERS)
