@@ -44,7 +44,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from benchmarks.common import RESULTS_DIR, write_results
-from jdp.accounting import NONPRIVATE_TUNING, PrivacyReport, calibrate
+from jdp.accounting import ADD_OR_REMOVE_ONE, NONPRIVATE_TUNING, PrivacyReport, calibrate
 from jdp.altmin import AltMinConfig
 from jdp.altmin.model import calibrate_noise, default_dim
 from jdp.altmin.experiment import rating_experiment
@@ -72,7 +72,7 @@ def appendix_c_run(a: float, epsilon: float, mu: float, seed: int, counts: str =
         train, test = split_ratings(train, (0.875, 0.125), seed=seed + 1000)
     n, m, d = train.n_users, train.n_items, tasks.user_factors.shape[1]
     delta, beta = 1e-5, 1.0
-    report = PrivacyReport(delta, unit="user", relation="add/remove all observations of one user")
+    report = PrivacyReport(delta, unit="user", relation=ADD_OR_REMOVE_ONE)
     key = jax.random.key(seed)
     k_counts, k_ssp = jax.random.split(key)
     pre = []

@@ -37,6 +37,7 @@ import numpy as np
 from tqdm import tqdm
 
 from benchmarks.common import RESULTS_DIR, write_results
+from jdp import accounting as acc
 from jdp import meta as M
 from jdp.meta import engine, privacy
 from jdp.meta.evaluate import per_task_risk
@@ -68,8 +69,7 @@ def generate(setting: str, key, n_tasks: int, n_points: int) -> M.TaskSet:
 def noise_multiplier(n: int, eps: float | None, sampling: str = "poisson") -> float:
     if eps is None:
         return 0.0
-    rel = privacy.relation_for_sampling(sampling)
-    return M.calibrate_noise_multiplier(lambda s: M.meta_sgd_event(s, n, BATCH, n, sampling), eps, DELTA, rel)
+    return privacy.calibrate_meta_sgd(eps, DELTA, n, BATCH, n, sampling)
 
 
 def relation_epsilons(row: dict) -> dict:
@@ -82,10 +82,10 @@ def relation_epsilons(row: dict) -> dict:
         mech, std, counts = "tree", row["noise_multiplier"], dict(n_tasks=n, batch_size=BATCH, steps=-(-n // BATCH))
     else:
         mech = row["sampling"]
-        std = row["noise_multiplier"] * privacy.sensitivity_factor(privacy.relation_for_sampling(mech))
+        std = row["noise_multiplier"] * privacy.sensitivity_factor(privacy.native_relation(mech))
         counts = dict(n_tasks=n, batch_size=BATCH, steps=n)
     return {f"epsilon_{name}": privacy.epsilon_under(mech, rel, float(std), 1.0, row["delta"], **counts)
-            for name, rel in (("add_remove", privacy.ADD_REMOVE), ("replace_one", privacy.REPLACE_ONE))}
+            for name, rel in (("add_remove", acc.ADD_OR_REMOVE_ONE), ("replace_one", acc.REPLACE_ONE))}
 
 
 def add_relations(path) -> None:
@@ -122,7 +122,7 @@ def run_grid(setting: str, qs, epsilons, ns, reps: int, seed: int = 0, sampling:
     ft, ts = stack([t[0] for t in tests]), stack([t[1] for t in tests])
     configs = [(n, e) for n in ns for e in epsilons]
     z = {c: noise_multiplier(c[0], c[1], sampling) for c in configs}
-    sens = privacy.sensitivity_factor(privacy.relation_for_sampling(sampling)) * clip
+    sens = privacy.sensitivity_factor(privacy.native_relation(sampling)) * clip
     rows = []
     for q in qs:
         h0 = jnp.stack([jnp.stack(jax.tree.leaves(M.random_init(jax.random.fold_in(k, 3), jnp.zeros(D), q, INIT)))

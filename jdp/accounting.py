@@ -4,11 +4,18 @@ Every private routine in jdp describes what it released as `dp_accounting` event
 a `PrivacyReport`. Totals always come from a dp_accounting accountant (RDP by default, PLD where the
 events need it), never from hand-derived formulas.
 
-Neighbouring relation: the report composes events under add/remove-one of the routine's privacy unit
-(a user, a task, ...). Pure ε-DP releases are represented by their tight dominating pair, binary
-randomized response with parameter ε (`pure_dp_event`); those are composed with the PLD accountant
-under dp_accounting's REPLACE_ONE relation (RR's loss between two different inputs is exactly ε; an
-ε-DP mechanism is ε-indistinguishable for any pair of neighbours, so this dominates it).
+Neighbouring relation: data, not text. Every accountant, ε computation, calibration, release and report
+names one of dp_accounting's relations between datasets that differ in one privacy unit (a user, a
+task, ...): ADD_OR_REMOVE_ONE (the default), REPLACE_ONE (that unit's data replaced by any other) or
+REPLACE_SPECIAL (replaced by a fixed null unit). A noise multiplier is std / sensitivity *under the
+event's relation*. Releases of different relations never compose by accident: a report refuses them;
+a release may carry `Restatement`s (the same mechanism's event under another relation) so reports can
+state ε under several relations side by side (`PrivacyReport.epsilon_by_relation`).
+
+Pure ε-DP releases are represented by their tight dominating pair, binary randomized response with
+parameter ε (`pure_dp_event`); those are composed with the PLD accountant under dp_accounting's
+REPLACE_ONE relation (RR's loss between two different inputs is exactly ε; an ε-DP mechanism is
+ε-indistinguishable for any pair of neighbours of the report's relation, so this dominates it).
 """
 from __future__ import annotations
 
@@ -25,13 +32,46 @@ from dp_accounting import dp_event as dpe
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
-NeighborRel = dp_accounting.privacy_accountant.NeighboringRelation
+Relation = dp_accounting.NeighboringRelation
+ADD_OR_REMOVE_ONE = Relation.ADD_OR_REMOVE_ONE
+REPLACE_ONE = Relation.REPLACE_ONE
+REPLACE_SPECIAL = Relation.REPLACE_SPECIAL
+_RELATION_TEXT = {
+    ADD_OR_REMOVE_ONE: "add or remove all data of one {unit}",
+    REPLACE_ONE: "replace all data of one {unit} by any other",
+    REPLACE_SPECIAL: "replace all data of one {unit} by a fixed null {unit}",
+}
 
 # The orders of the DPALS reference (1.1..10.9 step 0.1, 11..63) plus larger ones for low-noise runs.
 DEFAULT_RDP_ORDERS: tuple[float, ...] = tuple(
     [round(1.1 + 0.1 * i, 1) for i in range(99)] + list(range(11, 64)) + [80, 96, 128, 192, 256, 512, 1024]
 )
 REFERENCE_RDP_ORDERS: tuple[float, ...] = tuple([round(1.1 + 0.1 * i, 1) for i in range(99)] + list(range(11, 64)))
+# Under REPLACE_ONE the without-replacement RDP bound costs O(α) per integer order: a sparser grid (fewer
+# orders can only give a larger, still valid, ε).
+REPLACE_ONE_RDP_ORDERS: tuple[float, ...] = tuple([round(1.1 + 0.1 * i, 1) for i in range(99)] + list(range(11, 33))
+                                                  + [40, 48, 56, 64, 96, 128])
+
+
+def check_relation(relation: Relation | str) -> Relation:
+    """A dp_accounting NeighboringRelation, given as the enum or its name ("add_or_remove_one", ...)."""
+    if isinstance(relation, Relation):
+        return relation
+    if isinstance(relation, str) and relation.upper() in Relation.__members__:
+        return Relation[relation.upper()]
+    names = ", ".join(r.name.lower() for r in Relation)
+    raise ValueError(f"relation must be a dp_accounting NeighboringRelation or one of its names ({names}), "
+                     f"got {relation!r}")
+
+
+def describe_relation(relation: Relation | str, unit: str = "user") -> str:
+    """The relation in words for a privacy unit, e.g. 'add or remove all data of one user'."""
+    return _RELATION_TEXT[check_relation(relation)].format(unit=unit)
+
+
+def default_orders(relation: Relation | str = ADD_OR_REMOVE_ONE) -> tuple[float, ...]:
+    """The RDP orders jdp uses under `relation`."""
+    return REPLACE_ONE_RDP_ORDERS if check_relation(relation) is REPLACE_ONE else DEFAULT_RDP_ORDERS
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -148,21 +188,21 @@ def _split_pure(event: dpe.DpEvent) -> tuple[list, list] | None:
 
 
 def make_accountant(event: dpe.DpEvent | None = None, accountant: str = "rdp",
-                    orders: Sequence[float] = DEFAULT_RDP_ORDERS, pld_discretization: float = 1e-4,
-                    relation: NeighborRel = NeighborRel.ADD_OR_REMOVE_ONE) -> dp_accounting.PrivacyAccountant:
-    """A fresh accountant; 'rdp' (default) or 'pld', under `relation` (add/remove by default; events'
-    noise multipliers are stated for that relation). Under add/remove, pure-DP (randomized-response)
-    events need PLD under REPLACE_ONE, chosen automatically; they cannot be mixed with subsampled
-    events, whose noise multipliers are stated for add/remove."""
-    if not isinstance(relation, NeighborRel):
-        raise ValueError(f"relation must be a dp_accounting NeighboringRelation, got {relation!r}")
-    if (relation is NeighborRel.ADD_OR_REMOVE_ONE and event is not None
+                    orders: Sequence[float] | None = None, pld_discretization: float = 1e-4,
+                    relation: Relation | str = ADD_OR_REMOVE_ONE) -> dp_accounting.PrivacyAccountant:
+    """A fresh accountant; 'rdp' (default) or 'pld', under `relation` (events' noise multipliers are
+    stated for that relation; orders default to `default_orders(relation)`). Under add/remove,
+    pure-DP (randomized-response) events need PLD under REPLACE_ONE, chosen automatically; they cannot
+    be mixed with subsampled events, whose noise multipliers are stated for add/remove."""
+    relation = check_relation(relation)
+    orders = default_orders(relation) if orders is None else orders
+    if (relation is ADD_OR_REMOVE_ONE and event is not None
             and _contains(event, dpe.RandomizedResponseDpEvent)):
         for sampled in (dpe.PoissonSampledDpEvent, dpe.SampledWithoutReplacementDpEvent,
                         dpe.SampledWithReplacementDpEvent):
             if _contains(event, sampled):
                 raise ValueError("pure-DP events cannot be composed with subsampled events in one report")
-        return pld_privacy_accountant.PLDAccountant(NeighborRel.REPLACE_ONE, pld_discretization)
+        return pld_privacy_accountant.PLDAccountant(REPLACE_ONE, pld_discretization)
     if accountant == "rdp":
         return rdp_privacy_accountant.RdpAccountant(list(orders), relation)
     if accountant == "pld":
@@ -171,17 +211,18 @@ def make_accountant(event: dpe.DpEvent | None = None, accountant: str = "rdp",
 
 
 def compute_epsilon(event: dpe.DpEvent, delta: float, accountant: str = "rdp",
-                    orders: Sequence[float] = DEFAULT_RDP_ORDERS,
-                    relation: NeighborRel = NeighborRel.ADD_OR_REMOVE_ONE) -> float:
-    """ε at the given δ of a (composed) event, from dp_accounting accountants.
+                    orders: Sequence[float] | None = None,
+                    relation: Relation | str = ADD_OR_REMOVE_ONE) -> float:
+    """ε at the given δ of a (composed) event under `relation`, from dp_accounting accountants.
 
     Pure-DP events mixed with others: dp_accounting composes randomized response only under
     REPLACE_ONE, where a Gaussian event counts with twice its add/remove sensitivity. So the result is
     the smaller of (a) that joint REPLACE_ONE composition and (b) basic composition of the other
     events' (ε₁, δ) under add/remove with the pure part's (ε₂, 0): both are valid bounds.
     """
-    delta = check_delta(delta)
-    if relation is not NeighborRel.ADD_OR_REMOVE_ONE:
+    delta, relation = check_delta(delta), check_relation(relation)
+    orders = default_orders(relation) if orders is None else orders
+    if relation is not ADD_OR_REMOVE_ONE:
         return _accounted_epsilon(event, delta, accountant, orders, relation)
     split = _split_pure(event) if _contains(event, dpe.RandomizedResponseDpEvent) else None
     if split is not None and split[0] and split[1]:
@@ -209,7 +250,7 @@ class _DroppedOrders(logging.Filter):
 
 
 def _accounted_epsilon(event: dpe.DpEvent, delta: float, accountant: str, orders: Sequence[float],
-                       relation: NeighborRel = NeighborRel.ADD_OR_REMOVE_ONE) -> float:
+                       relation: Relation = ADD_OR_REMOVE_ONE) -> float:
     event = _expand_pure(event)
     acc = make_accountant(event, accountant, orders, relation=relation)
     if not acc.supports(event):
@@ -233,9 +274,10 @@ def _accounted_epsilon(event: dpe.DpEvent, delta: float, accountant: str, orders
 
 def calibrate(make_event: Callable[[float], dpe.DpEvent], epsilon: float, delta: float,
               bracket: tuple[float, float] = (1e-3, 1e5), accountant: str = "rdp",
-              orders: Sequence[float] = DEFAULT_RDP_ORDERS, tol: float | None = None,
-              relation: NeighborRel = NeighborRel.ADD_OR_REMOVE_ONE) -> float:
-    """Smallest parameter (e.g. noise multiplier) in `bracket` whose event spends at most (ε, δ).
+              orders: Sequence[float] | None = None, tol: float | None = None,
+              relation: Relation | str = ADD_OR_REMOVE_ONE) -> float:
+    """Smallest parameter (e.g. noise multiplier) in `bracket` whose event spends at most (ε, δ) under
+    `relation`.
 
     Root finding over `compute_epsilon` itself (the spend is non-increasing in the parameter): Brent's
     method on log(parameter) to a relative tolerance (about a dozen accountant calls instead of ~30 for
@@ -244,7 +286,7 @@ def calibrate(make_event: Callable[[float], dpe.DpEvent], epsilon: float, delta:
     relative). Raises ValueError when the budget cannot be met inside the bracket (e.g. a fixed part of
     the budget already exceeds ε).
     """
-    epsilon, delta = check_epsilon(epsilon), check_delta(delta)
+    epsilon, delta, relation = check_epsilon(epsilon), check_delta(delta), check_relation(relation)
     lo, hi = bracket
     if not (0 < lo < hi and math.isfinite(hi)):
         raise ValueError(f"bracket must satisfy 0 < lo < hi < inf, got {bracket!r}")
@@ -279,43 +321,112 @@ def calibrate(make_event: Callable[[float], dpe.DpEvent], epsilon: float, delta:
 # PrivacyReport.
 NONPRIVATE_TUNING = ("hyper-parameters chosen non-privately on validation data: that choice is not "
                      "accounted in epsilon")
+
+
+@dataclasses.dataclass(frozen=True)
+class Restatement:
+    """A release described under another neighbouring relation, to compare mechanisms accounted natively
+    under different ones: `event`, composed by `accountant` under dp_accounting's `accounted_under`
+    relation (default: `relation` itself), bounds the release's privacy loss under `relation`. E.g. a
+    Poisson-sampled Gaussian (native: add/remove, sensitivity C) restated under replace-one is the same
+    event under PLD REPLACE_ONE, whose pair is the mixture shifted by ±C, i.e. outputs 2C apart."""
+    relation: Relation
+    event: dpe.DpEvent
+    accountant: str = "rdp"
+    accounted_under: Relation | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "relation", check_relation(self.relation))
+        under = self.relation if self.accounted_under is None else check_relation(self.accounted_under)
+        object.__setattr__(self, "accounted_under", under)
+
+
 @dataclasses.dataclass(frozen=True)
 class Release:
-    """One release: what was published, its event, its L2/L1 sensitivity and noise scale (std)."""
+    """One release: what was published, its event under `relation`, its L2/L1 sensitivity under that
+    relation, noise scale (std), and optional restatements under other relations."""
     name: str
     event: dpe.DpEvent
     sensitivity: float | None = None
     noise_scale: float | None = None
     count: int = 1  # number of identical releases (self-composed)
+    relation: Relation = ADD_OR_REMOVE_ONE
+    restated: tuple[Restatement, ...] = ()
 
-    def composed_event(self) -> dpe.DpEvent:
-        return self.event if self.count == 1 else dpe.SelfComposedDpEvent(self.event, self.count)
+    def composed_event(self, event: dpe.DpEvent | None = None) -> dpe.DpEvent:
+        event = self.event if event is None else event
+        return event if self.count == 1 else dpe.SelfComposedDpEvent(event, self.count)
+
+    def under(self, relation: Relation) -> tuple[dpe.DpEvent, str | None, Relation] | None:
+        """(composed event, accountant or None for the report's, relation to account it under) describing
+        this release under `relation`; None when it has no description there. A non-private release is
+        non-private under every relation."""
+        if relation is self.relation or _contains(self.event, dpe.NonPrivateDpEvent):
+            return self.composed_event(), None, self.relation
+        for r in self.restated:
+            if r.relation is relation:
+                return self.composed_event(r.event), r.accountant, r.accounted_under
+        return None
 
 
 @dataclasses.dataclass
 class PrivacyReport:
     """Ledger of every release of a private computation and their composed (ε, δ).
 
-    `unit` names the privacy unit (e.g. "user"), `relation` the neighbouring relation. `assumptions`
-    lists what the guarantee takes as public or leaves out (a public item catalogue, declared sizes,
-    hyper-parameters chosen non-privately): the ε holds only under them.
+    `unit` names the privacy unit (e.g. "user"), `relation` the neighbouring relation between datasets
+    that differ in one unit (a dp_accounting NeighboringRelation; add/remove by default) under which
+    every release is stated and composed. `assumptions` lists what the guarantee takes as public or
+    leaves out (a public item catalogue, declared sizes, hyper-parameters chosen non-privately): the ε
+    holds only under them.
     """
     delta: float
     unit: str = "user"
-    relation: str = "add/remove all data of one user"
+    relation: Relation | str = ADD_OR_REMOVE_ONE
     accountant: str = "rdp"
     releases: list[Release] = dataclasses.field(default_factory=list)
     assumptions: list[str] = dataclasses.field(default_factory=list)
 
     def __post_init__(self):
         check_delta(self.delta)
+        self.relation = check_relation(self.relation)
+        for r in self.releases:
+            self._check_same_relation(r.relation, r.name)
+
+    def _check_same_relation(self, relation: Relation, what: str) -> None:
+        if relation is not self.relation:
+            raise ValueError(f"{what} is stated under {relation.name} but this report composes under "
+                             f"{self.relation.name}: describe it under {self.relation.name} (a Restatement) "
+                             f"or keep it in its own report")
 
     def add(self, name: str, event: dpe.DpEvent, sensitivity: float | None = None,
-            noise_scale: float | None = None, count: int = 1) -> "PrivacyReport":
+            noise_scale: float | None = None, count: int = 1, relation: Relation | str | None = None,
+            restated: Sequence[Restatement] = ()) -> "PrivacyReport":
+        """Records `count` releases of `event`, stated under `relation` (default and only allowed value:
+        the report's), with optional restatements under other relations."""
         if count < 1:
             raise ValueError(f"count must be >= 1, got {count}")
+        relation = self.relation if relation is None else check_relation(relation)
+        self._check_same_relation(relation, f"release {name!r}")
         self.releases.append(Release(name, event, None if sensitivity is None else float(sensitivity),
-                                     None if noise_scale is None else float(noise_scale), int(count)))
+                                     None if noise_scale is None else float(noise_scale), int(count),
+                                     relation, tuple(restated)))
+        return self
+
+    def add_release(self, release: Release) -> "PrivacyReport":
+        """Records an existing Release (e.g. from another report) after checking its relation."""
+        self._check_same_relation(release.relation, f"release {release.name!r}")
+        self.releases.append(release)
+        return self
+
+    def extend(self, other: "PrivacyReport") -> "PrivacyReport":
+        """Adds another report's releases and assumptions (same unit and relation only)."""
+        if other.unit != self.unit:
+            raise ValueError(f"cannot compose a report on unit {other.unit!r} into one on unit {self.unit!r}")
+        self._check_same_relation(other.relation, "the other report")
+        for r in other.releases:
+            self.add_release(r)
+        for a in other.assumptions:
+            self.assume(a)
         return self
 
     def assume(self, text: str) -> "PrivacyReport":
@@ -325,7 +436,8 @@ class PrivacyReport:
         return self
 
     def add_gaussian(self, name: str, sensitivity: float, noise_std: float, count: int = 1) -> "PrivacyReport":
-        """Records `count` Gaussian releases of a statistic with L2 sensitivity and noise std."""
+        """Records `count` Gaussian releases of a statistic with L2 sensitivity (under the report's
+        relation) and noise std."""
         sensitivity, noise_std = check_positive(sensitivity, "sensitivity"), check_positive(noise_std, "noise_std")
         return self.add(name, gaussian_event(noise_std / sensitivity), sensitivity, noise_std, count)
 
@@ -335,7 +447,34 @@ class PrivacyReport:
     def epsilon(self, delta: float | None = None) -> float:
         if not self.releases:
             return 0.0
-        return compute_epsilon(self.event(), self.delta if delta is None else delta, self.accountant)
+        return compute_epsilon(self.event(), self.delta if delta is None else delta, self.accountant,
+                               relation=self.relation)
+
+    def _parts_under(self, relation: Relation) -> tuple[list, str, Relation] | None:
+        parts = [r.under(relation) for r in self.releases]
+        if any(p is None for p in parts):
+            return None
+        ways = {(acct or self.accountant, under) for _, acct, under in parts}
+        if len(ways) != 1:
+            raise ValueError(f"the releases' descriptions under {relation.name} need different accountants or "
+                             f"relations ({sorted((a, u.name) for a, u in ways)}); they cannot be composed")
+        (acct, under), = ways
+        return [e for e, _, _ in parts], acct, under
+
+    def epsilon_by_relation(self, relations: Sequence[Relation | str] = (ADD_OR_REMOVE_ONE, REPLACE_ONE),
+                            delta: float | None = None) -> dict[Relation, float | None]:
+        """{relation: ε at δ} from each release's event under that relation (its own or a Restatement),
+        by dp_accounting; None where some release has no description under it."""
+        delta = self.delta if delta is None else check_delta(delta)
+        out: dict[Relation, float | None] = {}
+        for rel in map(check_relation, relations):
+            got = self._parts_under(rel) if self.releases else ([], self.accountant, rel)
+            if got is None:
+                out[rel] = None
+            else:
+                events, acct, under = got
+                out[rel] = compute_epsilon(dpe.ComposedDpEvent(events), delta, acct, relation=under) if events else 0.0
+        return out
 
     def pure_epsilon(self) -> float | None:
         """Σ ε over releases when every release is pure ε-DP (basic composition), else None."""
@@ -348,28 +487,43 @@ class PrivacyReport:
         return total
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "unit": self.unit,
-            "neighbouring_relation": self.relation,
-            "accountant": type(make_accountant(self.event() if self.releases else None, self.accountant)).__name__,
+            "neighbouring_relation": self.relation.name.lower(),
+            "relation_text": describe_relation(self.relation, self.unit),
+            "accountant": type(make_accountant(self.event() if self.releases else None, self.accountant,
+                                               relation=self.relation)).__name__,
             "delta": self.delta,
             "epsilon": self.epsilon(),
             "pure_epsilon": self.pure_epsilon(),
             "assumptions": list(self.assumptions),
             "releases": [
-                {"name": r.name, "event": repr(r.event), "sensitivity": r.sensitivity,
-                 "noise_scale": r.noise_scale, "count": r.count}
+                {"name": r.name, "event": repr(r.event), "relation": r.relation.name.lower(),
+                 "sensitivity": r.sensitivity, "noise_scale": r.noise_scale, "count": r.count,
+                 "restated_under": [s.relation.name.lower() for s in r.restated]}
                 for r in self.releases
             ],
         }
+        if any(r.restated for r in self.releases):
+            by = self.epsilon_by_relation()
+            out["epsilon_by_relation"] = {rel.name.lower(): eps for rel, eps in by.items()}
+            out["epsilon_by_relation_accountant"] = {
+                rel.name.lower(): (None if got is None else got[1])
+                for rel, got in ((rel, self._parts_under(rel)) for rel in by)}
+        return out
 
     def __str__(self) -> str:
-        lines = [f"PrivacyReport: unit={self.unit} ({self.relation}), delta={self.delta:g}"]
+        lines = [f"PrivacyReport: unit={self.unit} ({describe_relation(self.relation, self.unit)}), "
+                 f"delta={self.delta:g}"]
         for r in self.releases:
             sens = "-" if r.sensitivity is None else f"{r.sensitivity:.4g}"
             noise = "-" if r.noise_scale is None else f"{r.noise_scale:.4g}"
             lines.append(f"  {r.name:<32} x{r.count:<4} sens={sens:<10} noise={noise:<10} {type(r.event).__name__}")
         lines.append(f"  total epsilon = {self.epsilon():.4f}")
+        if any(r.restated for r in self.releases):
+            for rel, eps in self.epsilon_by_relation().items():
+                lines.append(f"  epsilon under '{describe_relation(rel, self.unit)}': "
+                             + ("not defined" if eps is None else f"{eps:.4f}"))
         lines += [f"  assumes: {a}" for a in self.assumptions]
         return "\n".join(lines)
 
@@ -383,7 +537,8 @@ def epsilons_from_orders(event: dpe.DpEvent, delta: float, orders: Sequence[floa
 
 
 __all__ = [
-    "DEFAULT_RDP_ORDERS", "NONPRIVATE_TUNING", "REFERENCE_RDP_ORDERS", "PrivacyReport", "Release", "calibrate", "check_delta",
-    "check_epsilon", "check_positive", "compute_epsilon", "gaussian_event", "make_accountant",
-    "pure_dp_event", "epsilons_from_orders",
+    "ADD_OR_REMOVE_ONE", "DEFAULT_RDP_ORDERS", "NONPRIVATE_TUNING", "REFERENCE_RDP_ORDERS", "REPLACE_ONE",
+    "REPLACE_ONE_RDP_ORDERS", "REPLACE_SPECIAL", "PrivacyReport", "Relation", "Release", "Restatement", "calibrate",
+    "check_delta", "check_epsilon", "check_positive", "check_relation", "compute_epsilon", "default_orders",
+    "describe_relation", "gaussian_event", "make_accountant", "pure_dp_event", "epsilons_from_orders",
 ]

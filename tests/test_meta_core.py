@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from dp_accounting import dp_event as dpe
 
+from jdp import accounting
 from jdp import meta as M
 from jdp.meta import engine, privacy
 from jdp.meta.ftmrl import tree_depth
@@ -53,12 +54,12 @@ def test_tree_prefix_noise_variance_is_popcount_times_sigma2():
 
 def test_tree_event_accounted_under_replace_special_matches_gaussian_cross_check():
     z, steps, delta = 3.0, 100, 1e-5
-    eps = privacy.epsilon_of(privacy.tree_event(z, steps), delta, privacy.REPLACE_SPECIAL)
+    eps = accounting.compute_epsilon(privacy.tree_event(z, steps), delta, relation=accounting.REPLACE_SPECIAL)
     # cross-check: RDP α·ceil(log2(T+1))/(2z²) = Gaussian with z/sqrt(depth) (hand formula, test only)
-    ref = privacy.epsilon_of(dpe.GaussianDpEvent(z / math.sqrt(tree_depth(steps))), delta, privacy.ADD_REMOVE)
+    ref = accounting.compute_epsilon(dpe.GaussianDpEvent(z / math.sqrt(tree_depth(steps))), delta)
     assert eps == pytest.approx(ref, rel=1e-6)
     with pytest.raises(ValueError, match="does not support"):
-        privacy.epsilon_of(privacy.tree_event(z, steps), delta, privacy.ADD_REMOVE)
+        accounting.compute_epsilon(privacy.tree_event(z, steps), delta, relation=accounting.ADD_OR_REMOVE_ONE)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -98,7 +99,7 @@ def test_events_match_sampling_and_spend_the_budget():
     rel, ev = _unwrap(r.report)
     assert ev.count == 5 and isinstance(ev.event, dpe.PoissonSampledDpEvent)
     assert ev.event.sampling_probability == pytest.approx(BATCH / K_TRAIN)
-    assert r.report.neighboring == privacy.ADD_REMOVE and r.report.unit == "task"
+    assert r.report.relation is accounting.ADD_OR_REMOVE_ONE and r.report.unit == "task"
     assert rel.sensitivity == 1.0 and rel.noise_scale == pytest.approx(r.noise_multiplier)
     assert r.report.epsilon() == pytest.approx(2.0, rel=1e-3)
 
@@ -106,26 +107,25 @@ def test_events_match_sampling_and_spend_the_budget():
     rel, ev = _unwrap(f.report)
     assert isinstance(ev.event, dpe.SampledWithoutReplacementDpEvent)
     assert (ev.event.source_dataset_size, ev.event.sample_size) == (K_TRAIN, BATCH)
-    assert f.report.neighboring == privacy.REPLACE_ONE
+    assert f.report.relation is accounting.REPLACE_ONE and f.report.releases[0].relation is accounting.REPLACE_ONE
     assert rel.sensitivity == 2.0  # replacing a task moves a sum of C-clipped vectors by up to 2C
     assert f.noise_std == pytest.approx(2.0 * f.noise_multiplier)
     assert f.report.epsilon() == pytest.approx(2.0, rel=1e-3)
     with pytest.raises(ValueError, match="does not support"):  # wrong relation for this event
-        privacy.epsilon_of(ev, 1e-5, privacy.ADD_REMOVE)
+        accounting.compute_epsilon(ev, 1e-5, relation=accounting.ADD_OR_REMOVE_ONE)
 
     t = M.dp_ftmrl(KEY, tasks, RIDGE, jnp.zeros(DIM), epsilon=2.0, delta=1e-5, meta_lr=0.5, clip=1.0, batch_size=5)
     (rel,) = t.report.releases
     assert isinstance(rel.event, dpe.SingleEpochTreeAggregationDpEvent) and rel.event.step_counts == K_TRAIN // 5
-    assert t.report.neighboring == privacy.REPLACE_SPECIAL
+    assert t.report.relation is accounting.REPLACE_SPECIAL
     assert t.report.epsilon() == pytest.approx(2.0, rel=1e-3)
     d = t.report.to_dict()
-    assert d["unit"] == "task" and d["dp_accounting_relation"] == "replace_special"
+    assert d["unit"] == "task" and d["neighbouring_relation"] == "replace_special"
 
 
 def test_poisson_calibration_regression_value():
     # the authors' setting N = T = 100, batch 10, ε = 3, δ = 1e-5 (TF-Privacy digits 1.798 with its orders)
-    z = M.calibrate_noise_multiplier(lambda s: M.meta_sgd_event(s, 100, 10, 100, "poisson"), 3.0, 1e-5,
-                                     privacy.ADD_REMOVE)
+    z = privacy.calibrate_meta_sgd(3.0, 1e-5, 100, 10, 100, "poisson")
     assert z == pytest.approx(1.796, abs=0.01)
 
 
@@ -224,8 +224,8 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="epsilon"):
         M.dp_ftmrl(KEY, tasks, RIDGE, h0, epsilon=-1.0, delta=1e-5, meta_lr=0.5, clip=1.0)
     with pytest.raises(ValueError, match="cannot reach"):
-        M.calibrate_noise_multiplier(lambda s: M.tree_event(s, 10), 1e-4, 1e-5, privacy.REPLACE_SPECIAL,
-                                     bracket=(0.1, 1.0))
+        accounting.calibrate(lambda s: M.tree_event(s, 10), 1e-4, 1e-5, relation=accounting.REPLACE_SPECIAL,
+                             bracket=(0.1, 1.0))
 
 
 # ---------------------------------------------------------------------------------------------------

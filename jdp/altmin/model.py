@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from jdp.accounting import PrivacyReport, calibrate, check_delta, check_epsilon, check_positive
+from jdp.accounting import ADD_OR_REMOVE_ONE, PrivacyReport, calibrate, check_delta, check_epsilon, check_positive
 from jdp.data import Interactions, check_unique_pairs
 from jdp.multitask import gram
 from jdp.multitask.counts import private_counts, private_mean
@@ -217,7 +217,7 @@ def zero_cost_model(train: Interactions, cfg: AltMinConfig) -> AltMinModel:
     prior = cfg.global_mean if not isinstance(cfg.global_mean, (str, type(None))) else "prior"  # a declared prior
     cfg = AltMinConfig(dim=0, rating_range=cfg.rating_range, global_mean=prior, delta=cfg.delta,
                        show_progress=False).resolve()  # the user-side defaults only: same baseline for every config
-    report = PrivacyReport(cfg.delta, unit="user", relation="add/remove all ratings of one user")
+    report = PrivacyReport(cfg.delta, unit="user", relation=ADD_OR_REMOVE_ONE)
     report.assume(f"public rating scale {tuple(cfg.rating_range)}; nothing released")
     return AltMinModel(np.zeros((train.n_items, 0), np.float32), np.zeros(train.n_items, np.float32),
                        _prior(cfg), cfg, report, None, {}, None)
@@ -466,7 +466,7 @@ def fit(train: Interactions, cfg: AltMinConfig, seed: int | None = None, *, tune
     k_mean, k_counts, k_weights, k_init, k_train = jax.random.split(key, 5)
     user, item = jnp.asarray(train.user), jnp.asarray(train.item)
     n_users, n_items, k = train.n_users, train.n_items, cfg.budget
-    report = PrivacyReport(cfg.delta, unit="user", relation="add/remove all ratings of one user")
+    report = PrivacyReport(cfg.delta, unit="user", relation=ADD_OR_REMOVE_ONE)
     report.assume(f"public sizes declared by the caller: n_users={n_users} (user id space, a bound on the "
                   f"number of users), n_items={n_items} (item catalogue); not counted from the ratings")
     report.assume(f"public rating scale {tuple(cfg.rating_range)}")

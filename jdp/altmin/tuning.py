@@ -27,7 +27,7 @@ from typing import Sequence
 import dp_accounting
 import numpy as np
 
-from jdp.accounting import PrivacyReport, calibrate, check_delta, check_epsilon, check_positive
+from jdp.accounting import ADD_OR_REMOVE_ONE, PrivacyReport, calibrate, check_delta, check_epsilon, check_positive
 from jdp.altmin.model import AltMinConfig, AltMinModel, candidate_event, fit
 from jdp.data import Interactions
 from jdp.noise import resolve_seed, seeded_key
@@ -109,13 +109,13 @@ def tune_private(train: Interactions, valid: Interactions, configs: Sequence[Alt
     seed = resolve_seed(seed)
     eps_sel = selection_fraction * epsilon
     eps_run = run_epsilon(configs, epsilon, delta, train.n_users, train.n_items, fixed=[selection_event(eps_sel)])
-    report = PrivacyReport(delta, unit="user", relation="add/remove all ratings of one user (train and valid)")
+    report = PrivacyReport(delta, unit="user", relation=ADD_OR_REMOVE_ONE)
     models, scores = [], []
     bound = check_positive(loss_bound, "loss_bound") if loss_bound is not None else ((hi - lo) / 2) ** 2
     for c, cfg in enumerate(configs):
         model = fit(train, dataclasses.replace(cfg, epsilon=eps_run, delta=delta), seed=(seed + 1 + c) % 2**63)
         for r in model.report.releases:
-            report.add(f"candidate {c}: {r.name}", r.event, r.sensitivity, r.noise_scale, r.count)
+            report.add_release(dataclasses.replace(r, name=f"candidate {c}: {r.name}"))
         models.append(model)
         scores.append(-np.minimum(user_validation_losses(model, train, valid), bound).sum())
     key, _ = seeded_key(seed)

@@ -22,7 +22,7 @@ import numpy as np
 import optax
 from dp_accounting import dp_event as dpe
 
-from jdp.accounting import PrivacyReport, calibrate, check_delta, check_epsilon, check_positive, compute_epsilon
+from jdp.accounting import ADD_OR_REMOVE_ONE, PrivacyReport, calibrate, check_delta, check_epsilon, check_positive, compute_epsilon
 from jdp.clipping.engine import METHODS, clipped_grad
 
 
@@ -161,9 +161,7 @@ class DPSGD:
     def report(self, steps: int | None = None) -> PrivacyReport:
         """PrivacyReport of `steps` (default: all planned) DP-SGD steps."""
         n = self.steps if steps is None else int(steps)
-        rep = PrivacyReport(self.delta, unit=self.unit,
-                            relation=f"add/remove one {self.unit} (Poisson sampling, rate {self.sampling_rate:.4g})",
-                            accountant=self.accountant)
+        rep = PrivacyReport(self.delta, unit=self.unit, relation=ADD_OR_REMOVE_ONE, accountant=self.accountant)
         rep.add("dp-sgd noisy clipped gradient sum", dpe.PoissonSampledDpEvent(
             self.sampling_rate, dpe.GaussianDpEvent(self.noise_multiplier)),
             sensitivity=self.l2_clip, noise_scale=self.noise_multiplier * self.l2_clip, count=n)

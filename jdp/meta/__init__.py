@@ -10,13 +10,13 @@ from jdp.meta.clustering import private_clustering_meta, random_init, update_sen
 from jdp.meta.evaluate import per_task_risk, transfer_risk
 from jdp.meta.ftmrl import dp_ftmrl, tree_prefix_noise
 from jdp.meta.meta_nsgd import MetaResult, meta_nsgd
-from jdp.meta.privacy import MetaPrivacyReport, calibrate_noise_multiplier, meta_sgd_event, theory_noise, tree_event
+from jdp.meta.privacy import meta_sgd_event, theory_noise, tree_event
 from jdp.meta.tasks import (TaskSet, authors_regression, cluster_centres, make_taskset, multi_cluster_regression,
                             single_cluster_regression)
 
 __all__ = [
-    "MetaPrivacyReport", "MetaResult", "RidgeLearner", "SGDLearner", "TaskSet", "authors_regression",
-    "calibrate_noise_multiplier", "cluster_centres", "dp_ftmrl", "local_training_risk", "make_taskset",
+    "MetaResult", "RidgeLearner", "SGDLearner", "TaskSet", "authors_regression",
+    "cluster_centres", "dp_ftmrl", "local_training_risk", "make_taskset",
     "meta_gradient", "meta_nsgd", "meta_sgd_event", "meta_sgd_nonprivate", "multi_cluster_regression",
     "per_task_risk", "private_clustering_meta", "random_init", "single_cluster_regression", "squared_loss",
     "theory_noise", "transfer_risk", "tree_event", "tree_prefix_noise", "update_sensitivity",

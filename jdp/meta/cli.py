@@ -118,8 +118,8 @@ def run(args) -> int:
     if result is not None:
         report = result.report
     else:  # local training uses no training task: nothing released
-        from jdp.meta import privacy
-        report = privacy.new_report(args.delta, privacy.ADD_REMOVE)
+        from jdp.accounting import PrivacyReport
+        report = PrivacyReport(args.delta, unit="task")
     out = {
         "algorithm": args.algorithm, "setting": args.setting, "n_tasks": args.n_tasks, "q": args.q,
         "epsilon_target": None if args.algorithm in ("nonprivate", "local") else args.epsilon,

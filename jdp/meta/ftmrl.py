@@ -78,10 +78,10 @@ def dp_ftmrl(key, tasks: TaskSet, learner, h0: PyTree, *, epsilon: float | None,
         z = acc.check_positive(noise_multiplier, "noise_multiplier")
     else:
         z = privacy.calibrate_tree(acc.check_epsilon(epsilon), delta, n_steps)
-    report = privacy.new_report(delta, privacy.REPLACE_SPECIAL)
+    report = privacy.new_report(delta, "tree")
     report.assume(f"number of tasks K = {k} treated as public (sets the stream of ceil(K/b) steps)")
-    report.add_mechanism(f"DP-FTMRL: tree aggregation over {n_steps} steps of {b} tasks", "tree", z * clip, clip,
-                         n_tasks=k, batch_size=b, steps=n_steps)
+    privacy.add_release(report, f"DP-FTMRL: tree aggregation over {n_steps} steps of {b} tasks", "tree", z * clip, clip,
+                        n_tasks=k, batch_size=b, steps=n_steps)
     h0_flat, spec = stack_init(h0)
     last, avg = _ftmrl_jit(key, tasks.data, tasks.mask, h0_flat[0], learner=learner, spec=spec, batch_size=b,
                            shuffle=bool(shuffle), meta_lr=jnp.float32(meta_lr), clip=jnp.float32(clip),

@@ -37,7 +37,7 @@ class MetaResult:
     flat_last: jax.Array
     flat_average: jax.Array
     spec: engine.FlatSpec
-    report: privacy.MetaPrivacyReport
+    report: acc.PrivacyReport
     noise_multiplier: float | None  # noise std / sensitivity under the report's relation (None: non-private)
     noise_std: float  # std of the noise added to each model's sum of clipped gradients
     batch_size: int
@@ -96,8 +96,7 @@ def run_private(key, tasks: TaskSet, learner, h0_flat: jax.Array, spec: engine.F
         raise ValueError(f"calibration must be one of {CALIBRATIONS}, got {calibration!r}")
     if (epsilon is None) == (noise_multiplier is None):
         raise ValueError("give exactly one of epsilon (calibrated noise) or noise_multiplier")
-    relation = privacy.relation_for_sampling(sampling)
-    sens = privacy.sensitivity_factor(relation) * clip
+    sens = privacy.sensitivity_factor(privacy.native_relation(sampling)) * clip
     k = tasks.n_tasks
     if noise_multiplier is not None:
         z = acc.check_positive(noise_multiplier, "noise_multiplier")
@@ -108,10 +107,10 @@ def run_private(key, tasks: TaskSet, learner, h0_flat: jax.Array, spec: engine.F
         epsilon = acc.check_epsilon(epsilon)
         z = privacy.calibrate_meta_sgd(epsilon, delta, k, int(batch_size), int(steps), sampling)
     noise_std = z * sens
-    report = privacy.new_report(delta, relation)
+    report = privacy.new_report(delta, sampling)
     report.assume(f"number of tasks K = {k} treated as public (sets the sampling rate m/K)")
-    report.add_mechanism(f"{name}: {steps} noisy steps, {sampling} sampling of {batch_size}/{k} tasks",
-                         sampling, noise_std, clip, n_tasks=k, batch_size=int(batch_size), steps=int(steps))
+    privacy.add_release(report, f"{name}: {steps} noisy steps, {sampling} sampling of {batch_size}/{k} tasks",
+                        sampling, noise_std, clip, n_tasks=k, batch_size=int(batch_size), steps=int(steps))
     last, avg = engine.train_jit(
         key, tasks.data, tasks.mask, h0_flat, learner=learner, spec=spec, batch_size=int(batch_size),
         sampling=sampling, steps=int(steps), n_active=k, meta_lr=float(meta_lr), clip=jnp.float32(clip),

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jdp.accounting import PrivacyReport, check_epsilon, pure_dp_event
+from jdp.accounting import REPLACE_ONE, PrivacyReport, check_epsilon, pure_dp_event
 from jdp.selection.registry import get_mechanism
 
 
@@ -87,7 +87,7 @@ def run_learner(learner: str, bandit: ShiftBandit, rewards: np.ndarray, key: jax
                 window: int = 400, period: int = 100, quantile_share: float = 0.2) -> dict:
     """Plays one learner on a reward table [T, 2]; returns cumulative reward and the privacy report."""
     T = bandit.horizon
-    report = PrivacyReport(delta=1e-6, unit="reward", relation="replace one reward in [0, 1]")
+    report = PrivacyReport(delta=1e-6, unit="reward (in [0, 1])", relation=REPLACE_ONE)
     pulls, got = np.zeros(T, np.int64), np.zeros(T)
     sums, counts = np.zeros(2), np.zeros(2, np.int64)
     if learner == "dp-ucb":

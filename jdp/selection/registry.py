@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from dp_accounting import dp_event as dpe
 
-from jdp.accounting import PrivacyReport, check_epsilon, pure_dp_event
+from jdp.accounting import ADD_OR_REMOVE_ONE, PrivacyReport, Relation, check_epsilon, pure_dp_event
 from jdp.selection import baselines, correlation, rnm
 from jdp.selection._checks import check_open_unit, check_scores, check_shapes, is_concrete
 
@@ -406,9 +406,9 @@ def probabilities(name: str, scores, sensitivities, epsilon: float, allow_nonpri
 
 
 def privacy_report(name: str, epsilon: float, count: int = 1, delta: float = 1e-6, unit: str = "user",
-                   relation: str = "add/remove one user's data (scores move by at most their sensitivities)",
-                   **params) -> PrivacyReport:
-    """PrivacyReport with `count` selections of mechanism `name` at ε each."""
+                   relation: Relation | str = ADD_OR_REMOVE_ONE, **params) -> PrivacyReport:
+    """PrivacyReport with `count` selections of mechanism `name` at ε each, under the neighbouring relation
+    for which the scores move by at most their sensitivities (add/remove one unit by default)."""
     mech = get_mechanism(name)
     report = PrivacyReport(delta=delta, unit=unit, relation=relation)
     event = mech.dp_event(epsilon, **params)

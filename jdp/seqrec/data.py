@@ -303,7 +303,7 @@ def load(name: str, path: str | pathlib.Path | None = None, maxlen: int | None =
     maxlen = (AMAZON_MAXLEN if name == "amazon-games" else MOVIELENS_MAXLEN) if maxlen is None else maxlen
     if maxlen < 1:
         raise ValueError(f"maxlen must be >= 1, got {maxlen}")
-    ledger = accounting.PrivacyReport(delta, unit="user", relation="add/remove one user's sequence")
+    ledger = accounting.PrivacyReport(delta, unit="user", relation=accounting.ADD_OR_REMOVE_ONE)
     opts = dict(vocabulary=vocabulary, item_catalogue=item_catalogue, max_items_per_user=maxlen + 2,
                 vocab_noise_multiplier=vocab_noise_multiplier, key=key, report=ledger)
     if name == "amazon-games":

@@ -149,12 +149,13 @@ def privacy_setup(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_c
         return None, 0.0, None
     L, M = data.maxlen, data.n_items
     N, q, steps = sampling_plan(data, cfg)
-    report = accounting.PrivacyReport(cfg.delta, unit="user", relation="add/remove one user's sequence")
+    report = accounting.PrivacyReport(cfg.delta, unit="user", relation=accounting.ADD_OR_REMOVE_ONE)
     if cfg.n_users_public is None:
         report.assume(f"number of users N = {N} treated as public (sets the sampling rate q = B/N and the "
                       "number of steps); declare a public bound with TrainConfig(n_users_public=...)")
     # the vocabulary's own release (private mode) or the assumption it rests on (public / exact)
-    report.releases.extend(data.vocab_releases)
+    for release in data.vocab_releases:
+        report.add_release(release)
     for text in data.vocab_assumptions:
         report.assume(text)
     counts_rel = None

@@ -83,6 +83,45 @@ def test_relation_is_passed_to_the_accountant_and_calibration_agrees():
         make_accountant(relation="add/remove")
 
 
+def test_reports_of_different_relations_never_compose_by_accident():
+    """The neighbouring relation is data: a report refuses a release (or another report) stated under another
+    relation or unit, free-text relations are refused, and epsilon_by_relation composes only descriptions
+    that one accountant can hold."""
+    from jdp.accounting import (ADD_OR_REMOVE_ONE, REPLACE_ONE, REPLACE_SPECIAL, PrivacyReport, Release,
+                                Restatement, check_relation)
+    assert check_relation("replace_one") is REPLACE_ONE and check_relation(REPLACE_SPECIAL) is REPLACE_SPECIAL
+    for bad in ("add/remove one user", "replace", 1):
+        with pytest.raises(ValueError, match="relation"):
+            PrivacyReport(DELTA, relation=bad)
+    add = PrivacyReport(DELTA).add_gaussian("g", 1.0, 4.0)
+    rep = PrivacyReport(DELTA, relation=REPLACE_ONE).add("g", dpe.GaussianDpEvent(2.0), 2.0, 4.0)
+    with pytest.raises(ValueError, match="REPLACE_ONE.*ADD_OR_REMOVE_ONE"):
+        add.add("h", dpe.GaussianDpEvent(2.0), relation=REPLACE_ONE)
+    with pytest.raises(ValueError, match="stated under REPLACE_ONE"):
+        add.extend(rep)
+    with pytest.raises(ValueError, match="stated under REPLACE_ONE"):
+        add.add_release(rep.releases[0])
+    with pytest.raises(ValueError, match="unit"):
+        add.extend(PrivacyReport(DELTA, unit="task"))
+    with pytest.raises(ValueError, match="stated under"):
+        PrivacyReport(DELTA, releases=[Release("r", dpe.GaussianDpEvent(1.0), relation=REPLACE_SPECIAL)])
+    # the report's epsilon is computed under its own relation
+    assert rep.epsilon() == pytest.approx(compute_epsilon(dpe.GaussianDpEvent(2.0), DELTA, relation=REPLACE_ONE))
+    assert rep.to_dict()["releases"][0]["relation"] == "replace_one"
+    # restated under replace-one (sensitivity 2C: multiplier halves), the same noise protects less
+    restated = PrivacyReport(DELTA).add("g", dpe.GaussianDpEvent(4.0), 1.0, 4.0,
+                                        restated=[Restatement(REPLACE_ONE, dpe.GaussianDpEvent(2.0))])
+    by = restated.epsilon_by_relation((ADD_OR_REMOVE_ONE, REPLACE_ONE, REPLACE_SPECIAL))
+    assert by[ADD_OR_REMOVE_ONE] == pytest.approx(compute_epsilon(dpe.GaussianDpEvent(4.0), DELTA))
+    assert by[REPLACE_ONE] == pytest.approx(compute_epsilon(dpe.GaussianDpEvent(2.0), DELTA, relation=REPLACE_ONE))
+    assert by[REPLACE_ONE] > 1.5 * by[ADD_OR_REMOVE_ONE] and by[REPLACE_SPECIAL] is None
+    # a second release restated through another accountant cannot join the same composition
+    restated.add("h", dpe.GaussianDpEvent(4.0), 1.0, 4.0,
+                 restated=[Restatement(REPLACE_ONE, dpe.GaussianDpEvent(2.0), "pld")])
+    with pytest.raises(ValueError, match="cannot be composed"):
+        restated.epsilon_by_relation((REPLACE_ONE,))
+
+
 def test_delta_at_or_above_one_over_n_is_refused_and_near_it_warned():
     # publishing one random unit in the clear is (0, 1/n)-DP: such a delta guarantees nothing
     import warnings

@@ -70,7 +70,7 @@ def test_report_epsilon_under_both_relations_matches_dp_accounting(index):
     elif mech == "fixed":
         add = None  # m of K without replacement needs K fixed: add/remove is not defined
         rep = _rdp(dpe.SelfComposedDpEvent(dpe.SampledWithoutReplacementDpEvent(K, B, dpe.GaussianDpEvent(
-            std / (2 * C))), T), Rel.REPLACE_ONE, privacy.REPLACE_ONE_ORDERS)
+            std / (2 * C))), T), Rel.REPLACE_ONE, accounting.REPLACE_ONE_RDP_ORDERS)
         native = rep
     else:
         steps = -(-K // B)
@@ -79,21 +79,22 @@ def test_report_epsilon_under_both_relations_matches_dp_accounting(index):
         native = add
     assert native == pytest.approx(res.report.epsilon(), rel=1e-6), name
     if add is None:
-        assert by[privacy.ADD_REMOVE] is None
+        assert by[accounting.ADD_OR_REMOVE_ONE] is None
     else:
-        assert by[privacy.ADD_REMOVE] == pytest.approx(add, rel=2e-2), name
-    assert by[privacy.REPLACE_ONE] == pytest.approx(rep, rel=2e-2), name
+        assert by[accounting.ADD_OR_REMOVE_ONE] == pytest.approx(add, rel=2e-2), name
+    assert by[accounting.REPLACE_ONE] == pytest.approx(rep, rel=2e-2), name
     if mech == "tree":  # the same noise protects a replacement (2C) less than an addition (C)
-        assert by[privacy.REPLACE_ONE] > 1.5 * by[privacy.ADD_REMOVE], name
+        assert by[accounting.REPLACE_ONE] > 1.5 * by[accounting.ADD_OR_REMOVE_ONE], name
     if mech == "poisson":  # same comparison within one accountant (PLD); the RDP cell is looser
         add_pld = _pld(dpe.SelfComposedDpEvent(dpe.PoissonSampledDpEvent(B / K, dpe.GaussianDpEvent(std / C)), T),
                        Rel.ADD_OR_REMOVE_ONE, 1e-3)
         assert rep > 1.15 * add_pld and add_pld <= add, name
-        assert res.report.to_dict()["epsilon_by_relation_accountant"] == {privacy.ADD_REMOVE: "rdp",
-                                                                           privacy.REPLACE_ONE: "pld"}
+        assert res.report.to_dict()["epsilon_by_relation_accountant"] == {"add_or_remove_one": "rdp",
+                                                                           "replace_one": "pld"}
     d = res.report.to_dict()
-    assert d["epsilon_by_relation"] == by and d["neighbouring_relation"] and d["dp_accounting_relation"]
-    assert "replace one task" in str(res.report)
+    assert d["epsilon_by_relation"] == {rel.name.lower(): eps for rel, eps in by.items()}
+    assert d["neighbouring_relation"] == res.report.relation.name.lower() == d["releases"][0]["relation"]
+    assert "replace all data of one task by any other" in str(res.report)
     assert any("number of tasks K" in a for a in d["assumptions"])  # audit item 6: K is declared public
 
 
