@@ -194,3 +194,34 @@ def test_bandit_learners_run_and_account():
         assert out["cumulative_reward"] > 0.3 * out["oracle_reward"]
     with pytest.raises(ValueError, match="not differentially private"):
         BD.run_learner("window-rnmh-nonprivate", b, r, jax.random.key(0))
+
+
+def test_select_composes_with_jit_and_vmap():
+    """`select` inside jax.jit equals its eager form (same key, same float64 sampler), under jax.vmap it follows
+    the exact output probabilities, invalid rows give -1 in the graph, and without x64 it refuses rather than
+    sampling in float32."""
+    q = np.random.default_rng(0).normal(size=(6, 40))
+    d = np.full(40, 0.5)
+    key = jax.random.key(0)
+    with jax.enable_x64(True):
+        for name in ("em", "pf", "rnm-laplace", "gem", "combined-gem", "rs-geometric", "krr"):
+            eager = np.asarray(S.select(name, key, q, d, 1.0))
+            jitted = np.asarray(jax.jit(lambda k, s, n=name: S.select(n, k, s, d, 1.0))(key, jnp.asarray(q)))
+            np.testing.assert_array_equal(jitted, eager, err_msg=name)
+        bad = q.copy()
+        bad[2, 3] = np.nan
+        out = np.asarray(jax.jit(lambda k, s: S.select("em", k, s, d, 1.0))(key, jnp.asarray(bad)))
+        assert out[2] == -1 and np.all(out[[0, 1, 3, 4, 5]] >= 0)
+        # vmap over keys of one small problem: empirical frequencies match the exact probabilities
+        small, sens = np.array([0.0, -1.0, -2.5, -0.3]), np.array([1.0, 0.5, 2.0, 1.0])
+        n = 20_000
+        for name in ("em", "gem"):
+            draws = np.asarray(jax.jit(jax.vmap(lambda k, n_=name: S.select(n_, k, small, sens, 1.5)))(
+                jax.random.split(jax.random.key(1), n)))
+            freq = np.bincount(draws, minlength=4) / n
+            p = np.asarray(S.probabilities(name, small, sens, 1.5))
+            assert np.all(np.abs(freq - p) <= 5 * np.sqrt(p * (1 - p) / n) + 1e-3), (name, freq, p)
+    with pytest.raises(ValueError, match="x64"):
+        jax.jit(lambda k, s: S.select("em", k, s, d, 1.0))(key, jnp.asarray(q, jnp.float32))
+    with pytest.raises(ValueError, match="concrete"):
+        jax.jit(lambda e: S.select("em", key, q, d, e))(1.0)

@@ -347,18 +347,58 @@ def select(name: str, key: jax.Array, scores, sensitivities, epsilon: float, all
     positive sensitivities, ε > 0, each row's range resolvable: `check_range`) and jit-compiles once per
     (name, params, shapes). Scores and sensitivities (numpy or jax, any float dtype) are converted to
     float64, each row's maximum is subtracted in float64 before anything else (outputs are invariant to
-    a common offset per row) and the sampler runs in float64 (see the module docstring). Inputs must be
-    concrete: inside `jax.jit` use `get_mechanism(name).sample` on float64 arrays under `jax.enable_x64`.
+    a common offset per row) and the sampler runs in float64 (see the module docstring).
+
+    Composes with `jax.jit` / `jax.vmap`: with traced scores, sensitivities or key the same sampler
+    runs inside the caller's trace. It still samples in float64, so x64 must be on for that trace
+    (`jax.config.update("jax_enable_x64", True)`, or `with jax.enable_x64(True):` around the call);
+    ε and params stay Python values (public). Values cannot be checked on the host there: a row with
+    non-finite scores, non-positive or non-finite sensitivities or an unresolvable range returns -1.
     """
     mech = get_mechanism(name, allow_nonprivate)
     params = mech.check_params(params)
+    if isinstance(epsilon, jax.core.Tracer):
+        raise ValueError("epsilon must be a concrete number (a public parameter), not a traced value")
     epsilon = check_epsilon(epsilon)
     check_shapes(scores, sensitivities)  # values are checked inside the compiled call (`_checked`)
     if not is_concrete(scores, sensitivities, key):
-        raise ValueError("select needs concrete scores/sensitivities/key (it validates them on the host); inside "
-                         "jax.jit call get_mechanism(name).sample on float64 arrays under jax.enable_x64")
+        return _select_traced(mech, name, key, scores, sensitivities, epsilon, allow_nonprivate, params)
     with jax.enable_x64(True):
         return _select64(mech, name, key, scores, sensitivities, epsilon, allow_nonprivate, params)
+
+
+def _select_traced(mech, name, key, scores, sensitivities, epsilon, allow_nonprivate, params):
+    """`select` inside a jit/vmap trace: the same samplers, validity per row in the graph (-1 if invalid)."""
+    if jnp.asarray(0.0).dtype != jnp.float64:
+        raise ValueError(f"select({name!r}) under jax.jit/vmap samples in float64 like its eager form: enable x64 "
+                         "for the traced call (jax.config.update('jax_enable_x64', True), or `with "
+                         "jax.enable_x64(True):` around it); a float32 sampler would change the mechanism's "
+                         "output probabilities")
+    scores, sens = jnp.asarray(scores, jnp.float64), jnp.asarray(sensitivities, jnp.float64)
+    single = scores.ndim == 1
+    if single:
+        scores = scores[None]
+    elif scores.ndim != 2:
+        raise ValueError(f"scores must have shape [k] or [B, k], got {scores.shape}")
+    k = scores.shape[-1]
+    shifted = scores - jnp.max(scores, axis=-1, keepdims=True)
+    d = jnp.broadcast_to(sens, scores.shape)
+    row_ok = (jnp.all(jnp.isfinite(scores), -1) & jnp.all(jnp.isfinite(d), -1) & jnp.all(d > 0, -1))
+    if mech.resolution is not None:
+        row_ok &= ~range_violations(mech, shifted, sens, epsilon, params)
+    frozen = tuple(sorted(params.items()))
+    eps = jnp.float64(epsilon)
+    if name in _GEM_FAST and k >= 32 and params.get("frontier_size", 0) is not None:
+        # capacity = every row: any overflowed hull chain is redone densely inside the same pass
+        m = params.get("frontier_size") or _frontier_default(k)
+        frozen = tuple(sorted({**params, "frontier_size": m}.items()))
+        (out, _, _), _ = _gem_fast(name, frozen, scores.shape[0], sens.ndim == 2)(key, shifted, sens, eps)
+    elif (rs := _rs_sampler(name, params, scores.shape)) is not None:
+        out, _ = rs(key, shifted, d, eps)
+    else:
+        out, _ = _batched(name, allow_nonprivate, sens.ndim == 2, frozen)(key, shifted, sens, eps)
+    out = jnp.where(row_ok, out, -1)
+    return out[0] if single else out
 
 
 def _select64(mech, name, key, scores, sensitivities, epsilon, allow_nonprivate, params):
@@ -381,22 +421,28 @@ def _select64(mech, name, key, scores, sensitivities, epsilon, allow_nonprivate,
     eps = jnp.float64(epsilon)
     if name in _GEM_FAST and k >= 32 and params.get("frontier_size", 0) is not None:
         return finish(*_select_gem(name, key, scores, sens, eps, params))
-    if name.startswith("rs-") and "block" not in params:
-        stopping = "tnb" if name == "rs-tnb" else "geometric"
-        eta = params.get("eta", 1.0) if stopping == "tnb" else 1.0
-        gamma = params.get("gamma") or 1.0 / k
-        mean_k = rs_mod.expected_stopping_time(gamma, stopping, eta)
-        frozen = tuple(sorted({**params, "stopping": stopping}.items()))
-        if eta > 0 and mean_k >= k / 8:  # dense O(k) Poissonized sampler beats O(K) draws
-            fn = _rs_poissonized(frozen)
-        elif scores.shape[0] * mean_k < 2**26:  # stream of Σ K draws; int32 positions with a wide margin
-            fn = _rs_batch(frozen)
-        else:
-            fn = None
-        if fn is not None:
-            return finish(*fn(key, scores, jnp.broadcast_to(sens, scores.shape), eps))
+    fn = _rs_sampler(name, params, scores.shape)
+    if fn is not None:
+        return finish(*fn(key, scores, jnp.broadcast_to(sens, scores.shape), eps))
     fn = _batched(name, allow_nonprivate, sens.ndim == 2, tuple(sorted(params.items())))
     return finish(*fn(key, scores, sens, eps))
+
+
+def _rs_sampler(name: str, params: dict, shape: tuple[int, int]) -> Callable | None:
+    """The batched random-stopping sampler for this size (None: the generic per-row one)."""
+    if not name.startswith("rs-") or "block" in params:
+        return None
+    batch, k = shape
+    stopping = "tnb" if name == "rs-tnb" else "geometric"
+    eta = params.get("eta", 1.0) if stopping == "tnb" else 1.0
+    gamma = params.get("gamma") or 1.0 / k
+    mean_k = rs_mod.expected_stopping_time(gamma, stopping, eta)
+    frozen = tuple(sorted({**params, "stopping": stopping}.items()))
+    if eta > 0 and mean_k >= k / 8:  # dense O(k) Poissonized sampler beats O(K) draws
+        return _rs_poissonized(frozen)
+    if batch * mean_k < 2**26:  # stream of Σ K draws; int32 positions with a wide margin
+        return _rs_batch(frozen)
+    return None
 
 
 def probabilities(name: str, scores, sensitivities, epsilon: float, allow_nonprivate: bool = False,
