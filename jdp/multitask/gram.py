@@ -200,6 +200,7 @@ def observation_index(plan: GramPlan) -> tuple[jax.Array, ...]:
     return tuple(jnp.asarray(c.obs, jnp.int32) for c in plan.classes)
 
 
+@jax.jit  # one program for all classes (eagerly, every class's gather/where compiles on its own)
 def with_labels(classes, obs_index: tuple[jax.Array, ...], values: jax.Array):
     """`classes` (from `device_arrays`) with their label slots set to values[obs] (0 in padding)."""
     return tuple((src, sqrt_w, jnp.where(obs >= 0, values[jnp.maximum(obs, 0)], 0.0).astype(jnp.float32))
