@@ -127,7 +127,9 @@ def fetch(name: str, data_dir: str | os.PathLike | None = None, progress: bool =
             raise ValueError(f"{download}: SHA-256 mismatch, expected {expected}, got {got}. Remove the file "
                              f"(fetch then downloads {url}) or replace it with the right one.")
     else:
-        _download(url, download, root, expected, name, progress, entry.size)
+        after = ("the next run checks its SHA-256 and extracts it" if entry.kind == "zip" else
+                 "the next run uses it as it is, so check first that its SHA-256 is the one above")
+        _download(url, download, root, expected, name, progress, entry.size, after)
     if entry.kind == "zip":
         _extract(download, root, entry.requires)
     return root / entry.returns
@@ -142,9 +144,9 @@ def _sha256_file(path: pathlib.Path) -> str:
 
 
 def _download(url: str, dest: pathlib.Path, root: pathlib.Path, expected: str, name: str, progress: bool,
-              size: int | None) -> None:
+              size: int | None, after: str) -> None:
     """Streams `url` into a temporary file beside `dest`, hashing as it goes; renamed to `dest` only if the
-    SHA-256 matches (otherwise deleted)."""
+    SHA-256 matches (otherwise deleted). `after`: what happens to a file copied to `dest` by hand."""
     from tqdm.auto import tqdm
 
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -166,9 +168,9 @@ def _download(url: str, dest: pathlib.Path, root: pathlib.Path, expected: str, n
                 # HTTP errors, DNS failure, refused, timeout, reset, truncated; disk errors propagate as they are
                 reason = getattr(err, "reason", None) or err
                 raise ConnectionError(
-                    f"could not download {name} from {url} ({reason}). Cache directory: {root}. "
-                    f"Without network access: download {url} on another machine and copy it to {dest}; "
-                    f"the next run checks its SHA-256 ({expected}) and uses it.") from err
+                    f"could not download {name} from {url} ({reason}). Cache directory: {root}. Without "
+                    f"network access: download {url} elsewhere (SHA-256 {expected}) and copy it to {dest}; "
+                    f"{after}.") from err
         got = h.hexdigest()
         if got != expected:
             raise ValueError(f"{url}: SHA-256 mismatch, expected {expected}, got {got}; the download was "
@@ -192,6 +194,8 @@ def _check_members(archive: zipfile.ZipFile, path: pathlib.Path) -> None:
 def _extract(archive_path: pathlib.Path, root: pathlib.Path, requires: str) -> None:
     """Extracts a verified zip into a temporary folder of `root`, then moves its top folder into place."""
     top = pathlib.PurePosixPath(requires).parts[0]
+    if (root / requires).is_file():  # another process finished it meanwhile
+        return
     if (root / top).exists():
         raise ValueError(f"{root / top} exists but has no {pathlib.PurePosixPath(requires).name}: remove it "
                          f"and run again (it is re-extracted from {archive_path})")
@@ -202,7 +206,11 @@ def _extract(archive_path: pathlib.Path, root: pathlib.Path, requires: str) -> N
             archive.extractall(staging)
         if not (staging / requires).is_file():
             raise ValueError(f"{archive_path} has no {requires}")
-        os.replace(staging / top, root / top)
+        try:
+            os.replace(staging / top, root / top)
+        except OSError:
+            if not (root / requires).is_file():  # else another process moved its copy in first
+                raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
