@@ -32,6 +32,17 @@ def add_seed_arguments(parser: argparse.ArgumentParser, data_seed: bool = True) 
                             help="seed of synthetic data generation and of data splits (not of any noise)")
 
 
+def add_data_dir_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--data-dir` (download cache) and `--data-sha256` for the datasets `jdp.data.fetch` downloads."""
+    parser.add_argument("--data-dir", default=None,
+                        help="cache directory of downloaded datasets (default: $JDP_DATA, else ~/.cache/jdp). "
+                             "A named dataset is downloaded there on first use, SHA-256-checked, and read from "
+                             "there afterwards without network access; --data-path bypasses it")
+    parser.add_argument("--data-sha256", default=None,
+                        help="expected SHA-256 of the downloaded file, for a dataset with no published hash "
+                             "(ml-10m)")
+
+
 def noise_seed(args: argparse.Namespace) -> int:
     """The run's noise seed (fresh OS entropy unless --seed was given), announced on stderr."""
     seed = resolve_seed(args.seed)

@@ -76,6 +76,24 @@ def test_ml1m_loader_reads_a_generated_ratings_dat(tmp_path):
     assert d.test_input[0, -1] == seqs[0][-2] and d.train_target[0, -1] == seqs[0][-3]
 
 
+def test_synthetic_needs_no_file_and_a_folder_path_finds_the_file(tmp_path):
+    """`--data synthetic`: planted_sequences(seed=data_seed) through the same vocabulary and split."""
+    from jdp.cli import build_parser
+    from jdp.data.synthetic import planted_sequences
+    d = data.load("synthetic", data_seed=2)
+    raw, _ = planted_sequences(seed=2)
+    assert d.maxlen == 50 and d.n_users == len(raw) == 2000 and d.n_items == np.unique(np.concatenate(raw)).size
+    evaluated = [s for s in raw if s.size >= 3]
+    assert (d.test_target > 0).sum() == len(evaluated)  # users with < 3 items are not evaluated
+    assert any("exact item counts" in a for a in d.vocab_assumptions)
+    assert not np.array_equal(data.load("synthetic", data_seed=3).test_target, d.test_target)
+    args = build_parser().parse_args(["seqrec", "--data", "synthetic", "--data-seed", "2"])
+    assert args.data == "synthetic" and args.data_seed == 2 and args.data_path is None
+    (tmp_path / "ratings.dat").write_text("".join(f"{u}::{i}::5::{u * 100 + i}\n" for u in range(1, 7)
+                                                  for i in range(1, 7)))
+    assert data.load("ml-1m", path=tmp_path).n_users == 6  # a folder: its ratings.dat
+
+
 def test_real_datasets_statistics(datasets_dir):
     seqs, n = data.read_sasrec(datasets_dir / "amazon-games" / "Video.txt")
     assert (len(seqs), n, sum(len(s) for s in seqs)) == (31013, 23715, 287107)

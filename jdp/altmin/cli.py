@@ -1,4 +1,4 @@
-"""`jdp altmin`: DP alternating minimization on synthetic data, ML-100K or a MovieLens file."""
+"""`jdp altmin`: DP alternating minimization on synthetic data, a MovieLens dataset or a MovieLens file."""
 from __future__ import annotations
 
 import argparse
@@ -7,15 +7,21 @@ import os
 import pathlib
 
 from jdp.altmin.model import METHODS, AltMinConfig
-from jdp.cli import add_seed_arguments, noise_seed
+from jdp.cli import add_data_dir_arguments, add_seed_arguments, noise_seed
 
-DEFAULT_ML100K = pathlib.Path("..") / "shared" / "datasets" / "ml-100k"
+# Public rating scales of the named MovieLens datasets (downloaded by jdp.data.fetch); --data movielens
+# (any file) assumes the half-star scale of the newer releases.
+RATING_RANGES = {"ml-100k": (1.0, 5.0), "ml-1m": (1.0, 5.0), "ml-10m": (0.5, 5.0), "ml-20m": (0.5, 5.0),
+                 "ml-latest-small": (0.5, 5.0)}
 
 
 def load_data(name: str, path: str | None, data_seed: int = 0, n_users: int = 20_000, n_items: int = 2_000,
-              nnz: int = 1_000_000, *, public_users: int | None = None, item_catalogue: str | None = None):
+              nnz: int = 1_000_000, *, public_users: int | None = None, item_catalogue: str | None = None,
+              data_dir: str | None = None, sha256: str | None = None, progress: bool = True):
     """`synthetic` (planted low-rank, Zipf popularity), `synthetic-movielens` (planted, calibrated to
-    MovieLens: log-normal marginals, item / user biases), `ml-100k`, or `movielens` (any standard file).
+    MovieLens: log-normal marginals, item / user biases), a named MovieLens dataset (`RATING_RANGES`:
+    read from `path` if given, else downloaded on first use by `jdp.data.fetch` into `data_dir`), or
+    `movielens` (any standard file at `path`).
 
     Generated data have declared sizes (n_users, n_items). For MovieLens files the item catalogue is
     `item_catalogue` (u.item / movies.dat / movies.csv or its folder), else an item file next to the
@@ -23,16 +29,16 @@ def load_data(name: str, path: str | None, data_seed: int = 0, n_users: int = 20
     `public_users`, else the users in the file (data-dependent). Returns (data, rating range, notes),
     notes saying which sizes were NOT declared (added to the report's assumptions).
     """
-    from jdp.data import load_movielens, load_movielens_items, planted_movielens, planted_powerlaw
+    from jdp.data import fetch, load_movielens, load_movielens_items, planted_movielens, planted_powerlaw
     if name in ("synthetic", "synthetic-movielens"):
         generate = planted_powerlaw if name == "synthetic" else planted_movielens
         return generate(seed=data_seed, n_users=n_users, n_items=n_items, nnz=nnz).data, (0.5, 5.0), []
-    if name == "ml-100k":
-        candidates = [path, os.environ.get("JDP_ML100K"), DEFAULT_ML100K]
-        path = next((c for c in candidates if c and pathlib.Path(c).exists()), None)
-        if path is None:
-            raise ValueError("ML-100K not found: pass --data-path DIR_OR_u.data (or set JDP_ML100K)")
-        rating_range = (1.0, 5.0)
+    if name in RATING_RANGES:
+        if not path and name == "ml-100k":
+            path = os.environ.get("JDP_ML100K")  # older name of --data-path for ML-100K, still honoured
+        if not path:
+            path = str(fetch(name, data_dir, progress, sha256=sha256))
+        rating_range = RATING_RANGES[name]
     elif name == "movielens":
         if not path:
             raise ValueError("--data movielens needs --data-path (u.data, ratings.dat, ratings.csv or their folder)")
@@ -55,9 +61,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("altmin", help="DP alternating minimization (DPALS / AdaDPALS / DPSGD ...)",
                        description="Train a user-level DP matrix-factorization recommender and report RMSE, "
                                    "per-popularity-bucket RMSE and the privacy report.")
-    p.add_argument("--data", choices=["synthetic", "synthetic-movielens", "ml-100k", "movielens"], default="synthetic",
-                   help="synthetic: planted, Zipf popularity; synthetic-movielens: planted, MovieLens-calibrated")
-    p.add_argument("--data-path", default=None, help="ratings file or folder (u.data, ratings.dat, ratings.csv)")
+    p.add_argument("--data", choices=["synthetic", "synthetic-movielens", *RATING_RANGES, "movielens"],
+                   default="synthetic",
+                   help="synthetic: planted, Zipf popularity; synthetic-movielens: planted, MovieLens-calibrated; "
+                        "ml-*: the GroupLens dataset, downloaded on first use (see --data-dir); movielens: any "
+                        "MovieLens ratings file given by --data-path")
+    p.add_argument("--data-path", default=None,
+                   help="ratings file or folder (u.data, ratings.dat, ratings.csv); for ml-* it replaces the "
+                        "download")
+    add_data_dir_arguments(p)
     p.add_argument("--method", choices=METHODS, default="ada-dpals")
     p.add_argument("--epsilon", type=float, default=1.0, help="total ε (ignored for the non-private 'als')")
     p.add_argument("--delta", type=float, default=1e-5)
@@ -87,7 +99,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from jdp.altmin.experiment import rating_experiment
     data, rating_range, notes = load_data(args.data, args.data_path, args.data_seed, *args.synthetic_size,
-                                          public_users=args.n_users, item_catalogue=args.item_catalogue)
+                                          public_users=args.n_users, item_catalogue=args.item_catalogue,
+                                          data_dir=args.data_dir, sha256=args.data_sha256)
     cfg = AltMinConfig(method=args.method, epsilon=None if args.method == "als" else args.epsilon,
                        delta=args.delta, mu=args.mu, dim=args.dim, steps=args.steps, budget=args.budget,
                        rating_range=rating_range, n_shards=args.n_shards or None,

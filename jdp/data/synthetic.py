@@ -289,3 +289,43 @@ def planted_movielens(seed: int = 0, n_users: int = 69_878, n_items: int = 10_67
     rating = _planted_ratings(rng, user, item, uf, vf, mean, noise_std, lo, hi)
     data = Interactions(user, item, rating, n_users, n_items)
     return SyntheticTasks(data, uf, vf, p_item, float(mean), noise_std)
+
+
+def planted_sequences(seed: int = 0, n_users: int = 2_000, n_items: int = 500, mean_length: float = 20.0,
+                      follow: float = 0.7, exponent: float = 1.0, max_length: int = 200
+                      ) -> tuple[list[np.ndarray], np.ndarray]:
+    """Item sequences with a planted next-item rule and Zipf popularity, for sequential recommenders.
+
+    Every item i has one planted successor succ[i], drawn from the popularity p ∝ rank^(−exponent)
+    (ranks randomly permuted over ids). A user's first item is drawn from p; each next item is
+    succ[previous] with probability `follow`, else a fresh draw from p. Lengths are 1 + Geometric
+    (so at least 2) with mean `mean_length`, capped at `max_length`. A model that learns succ predicts a held-out next
+    item with probability ≈ follow, one that predicts popularity only with probability ≈ max(p).
+    Returns (one int64 array of raw item ids 1..n_items per user, succ as 1-based ids [n_items]).
+    """
+    _pos_int("n_users", n_users)
+    _pos_int("n_items", n_items)
+    _pos_int("max_length", max_length)
+    if not (np.isfinite(mean_length) and mean_length > 3.0):
+        raise ValueError(f"mean_length must be > 3, got {mean_length!r}")
+    if not 0.0 <= follow < 1.0:
+        raise ValueError(f"follow must be in [0, 1), got {follow!r}")
+    if max_length < 3:
+        raise ValueError(f"max_length must be >= 3 (leave-last-out needs 3 items), got {max_length!r}")
+    if seed is None or isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    rng = np.random.default_rng(seed)
+    p = _zipf_probs(rng, n_items, _pos_float("exponent", exponent, allow_zero=True))
+    succ = _sample_codes(rng, p, n_items)
+    lengths = np.minimum(1 + rng.geometric(1.0 / (mean_length - 1.0), n_users), max_length)
+    starts = np.cumsum(lengths) - lengths
+    position = np.arange(int(lengths.sum()))
+    fresh = rng.random(position.size) >= follow
+    fresh[starts] = True
+    last_fresh = np.maximum.accumulate(np.where(fresh, position, 0))
+    depth = position - last_fresh  # planted steps since the last fresh draw
+    items = _sample_codes(rng, p, position.size)[last_fresh]
+    for d in range(1, int(depth.max()) + 1):  # loop over chain depth, vectorised over all positions
+        at = depth >= d
+        items[at] = succ[items[at]]
+    return np.split(items + 1, starts[1:]), succ + 1

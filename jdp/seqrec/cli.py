@@ -1,8 +1,9 @@
 """`jdp seqrec`: DP training + full-ranking evaluation of DPFormer and baselines.
 
-Example:
-  jdp seqrec --data amazon-games --data-path ../shared/datasets/amazon-games/Video.txt \\
-      --model dpformer --epsilon 8 --epochs 100 --batch-size 1024 --lr 3e-3 --out run.json
+Example (Video.txt is downloaded on first use into --data-dir, default $JDP_DATA or ~/.cache/jdp):
+  jdp seqrec --data amazon-games --model dpformer --epsilon 8 --epochs 100 --batch-size 1024 --lr 3e-3 \\
+      --out run.json
+`--data synthetic` (planted next-item sequences, no download) runs anywhere in seconds.
 `--epsilon 0` is not allowed; `--non-private` trains the explicitly non-private reference.
 Item vocabulary: `--vocabulary sasrec-exact` (default, the papers' protocol: exact item counts, stated
 in the report as an assumption NOT covered by ε), `public` (the `--item-catalogue` is the vocabulary) or
@@ -19,7 +20,7 @@ import time
 
 import numpy as np
 
-from jdp.cli import add_seed_arguments, noise_seed
+from jdp.cli import add_data_dir_arguments, add_seed_arguments, noise_seed
 from jdp.clipping.engine import METHODS as CLIPPING_METHODS
 from jdp.seqrec.models import MODELS
 from jdp.seqrec.train import DEFAULT_WINDOWS, NEGATIVE_SAMPLERS, TrainConfig
@@ -28,9 +29,12 @@ from jdp.seqrec.train import DEFAULT_WINDOWS, NEGATIVE_SAMPLERS, TrainConfig
 def register(subparsers) -> None:
     p = subparsers.add_parser("seqrec", help="DP sequential recommendation (DPFormer, Transformer, GRU, LSTM)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", required=True, choices=["amazon-games", "ml-100k", "ml-1m"])
-    p.add_argument("--data-path", default=None, help="file (Video.txt / u.data / ratings.dat); "
-                   "default ../shared/datasets/<data>/<file> relative to the current directory")
+    p.add_argument("--data", required=True, choices=["amazon-games", "ml-100k", "ml-1m", "synthetic"],
+                   help="a published dataset (downloaded on first use, see --data-dir) or 'synthetic' "
+                        "(jdp.data.synthetic.planted_sequences with --data-seed: no download)")
+    p.add_argument("--data-path", default=None, help="file (Video.txt / u.data / ratings.dat) or its folder; "
+                   "replaces the download")
+    add_data_dir_arguments(p)
     p.add_argument("--model", default="dpformer", choices=list(MODELS))
     p.add_argument("--epsilon", type=float, default=8.0)
     p.add_argument("--non-private", action="store_true", help="NON-PRIVATE reference run (ignores --epsilon)")
@@ -43,11 +47,12 @@ def register(subparsers) -> None:
     p.add_argument("--clip", type=float, default=1.0, help="per-user L2 clip norm C")
     p.add_argument("--normalize", action="store_true",
                    help="normalised clipping g·C/||g|| (the DPFormer paper's variant) instead of min(1, C/||g||)")
-    p.add_argument("--maxlen", type=int, default=None, help="default 50 (Amazon) / 200 (MovieLens)")
+    p.add_argument("--maxlen", type=int, default=None, help="default 50 (Amazon, synthetic) / 200 (MovieLens)")
     p.add_argument("--d", type=int, default=64)
     p.add_argument("--heads", type=int, default=1)
     p.add_argument("--blocks", type=int, default=2)
-    p.add_argument("--dropout", type=float, default=None, help="default 0.5 (Amazon) / 0.2 (MovieLens)")
+    p.add_argument("--dropout", type=float, default=None,
+                   help="default 0.5 (Amazon, synthetic) / 0.2 (MovieLens)")
     p.add_argument("--hist-noise-multiplier", type=float, default=10.0,
                    help="DPFormer item histogram noise / sqrt(maxlen+1)")
     p.add_argument("--public-item-counts", default=None,
@@ -80,7 +85,7 @@ def register(subparsers) -> None:
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint (same data, config and --seed)")
     p.add_argument("--max-steps", type=int, default=None,
                    help="stop after this many steps of this call (resume later; the report covers the planned run)")
-    add_seed_arguments(p, data_seed=False)
+    add_seed_arguments(p)
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--out", default=None, help="JSON output file (and <out>.png: the per-epoch curve)")
     p.set_defaults(func=run)
@@ -94,7 +99,10 @@ def run(args: argparse.Namespace) -> int:
 
     logging.getLogger("absl").setLevel(logging.ERROR)
     t0 = time.perf_counter()
-    datasets_dir = pathlib.Path.cwd().parent / "shared" / "datasets"
+    path = args.data_path
+    if path is None and args.data != "synthetic":
+        from jdp.data import fetch
+        path = fetch(args.data, args.data_dir, progress=not args.no_progress, sha256=args.data_sha256)
     catalogue = None
     if args.item_catalogue:
         cp = pathlib.Path(args.item_catalogue)
@@ -108,12 +116,13 @@ def run(args: argparse.Namespace) -> int:
     seed = noise_seed(args)
     k_train = jax.random.key(seed)
     k_vocab = jax.random.fold_in(k_train, 0x766F63)  # its own stream; training keeps key(seed)
-    d = data_mod.load(args.data, path=args.data_path, maxlen=args.maxlen, datasets_dir=datasets_dir,
-                      vocabulary=args.vocabulary, item_catalogue=catalogue, min_item_count=args.min_item_count,
-                      vocab_noise_multiplier=args.vocab_noise_multiplier, key=k_vocab, delta=args.delta)
+    d = data_mod.load(args.data, path=path, maxlen=args.maxlen, vocabulary=args.vocabulary,
+                      item_catalogue=catalogue, min_item_count=args.min_item_count,
+                      vocab_noise_multiplier=args.vocab_noise_multiplier, key=k_vocab, delta=args.delta,
+                      data_seed=args.data_seed)
     t_load = time.perf_counter() - t0
-    amazon = args.data == "amazon-games"
-    dropout = args.dropout if args.dropout is not None else (0.5 if amazon else 0.2)
+    movielens = args.data in ("ml-100k", "ml-1m")
+    dropout = args.dropout if args.dropout is not None else (0.2 if movielens else 0.5)
     cfg = TrainConfig(model=args.model, epsilon=None if args.non_private else args.epsilon, delta=args.delta,
                       epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_frac=args.warmup_frac,
                       weight_decay=args.weight_decay, l2_clip=args.clip, normalize=args.normalize, d=args.d,
@@ -133,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     res = train(d, cfg, k_train, public_item_counts=public, checkpoint=args.checkpoint,
                 progress=not args.no_progress, max_steps=args.max_steps)
     out = {
-        "data": args.data, "model": args.model, "epsilon": cfg.epsilon, "delta": cfg.delta, "seed": seed,
+        "data": args.data, **({"data_seed": args.data_seed} if args.data == "synthetic" else {}), "model": args.model, "epsilon": cfg.epsilon, "delta": cfg.delta, "seed": seed,
         "device": jax.devices()[0].device_kind, "n_users": d.n_users, "n_items": d.n_items, "maxlen": d.maxlen,
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(cfg).items()},
         "noise_multiplier": res.noise_multiplier, "steps": res.steps,

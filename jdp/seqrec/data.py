@@ -37,6 +37,7 @@ from jdp import accounting
 AMAZON_MAXLEN = 50
 MOVIELENS_MAXLEN = 200
 VOCABULARIES = ("sasrec-exact", "public", "private")
+FILES = {"amazon-games": "Video.txt", "ml-100k": "u.data", "ml-1m": "ratings.dat"}  # the file `load` reads
 EXACT_VOCAB_ASSUMPTION = ("item vocabulary treated as public: built from exact item counts of all users' "
                           "data (SASRec protocol), not covered by epsilon")
 
@@ -283,30 +284,38 @@ def leave_last_out(seqs: list[np.ndarray], n_items: int, maxlen: int) -> SeqData
 def load(name: str, path: str | pathlib.Path | None = None, maxlen: int | None = None,
          datasets_dir: str | pathlib.Path | None = None, *, vocabulary: str = "sasrec-exact",
          item_catalogue=None, min_item_count: float = 5.0, vocab_noise_multiplier: float = 10.0,
-         key=None, delta: float = 1e-5) -> SeqData:
-    """Loads 'amazon-games' (SASRec file), 'ml-100k' (u.data) or 'ml-1m' (ratings.dat) and splits it.
+         key=None, delta: float = 1e-5, data_seed: int = 0) -> SeqData:
+    """Loads 'amazon-games' (SASRec file), 'ml-100k' (u.data), 'ml-1m' (ratings.dat) or 'synthetic'
+    (`jdp.data.synthetic.planted_sequences(seed=data_seed)`, no file) and splits it.
 
-    `path` overrides the file; otherwise `datasets_dir/<name>/<file>` is used. maxlen defaults to 50
-    for Amazon and 200 for MovieLens. vocabulary / item_catalogue / min_item_count: see the module doc;
+    The file is `path` (or `path/<file>` for a folder), else `datasets_dir/<name>/<file>`;
+    `jdp.data.fetch(name)` downloads it: `load("ml-1m", path=fetch("ml-1m"))`. maxlen defaults to 50 for Amazon and the
+    synthetic data, 200 for MovieLens. vocabulary / item_catalogue / min_item_count: see the module doc;
     "private" bounds each user's contribution to its maxlen + 2 most recent distinct items (the most
     a user's train/valid/test windows can hold) and needs `key`. The vocabulary's release or assumption
     is kept in the SeqData and composed into the training report (`delta` only sizes the ledger here).
     """
-    files = {"amazon-games": "Video.txt", "ml-100k": "u.data", "ml-1m": "ratings.dat"}
-    if name not in files:
-        raise ValueError(f"data must be one of {sorted(files)}, got {name!r}")
+    if name not in FILES and name != "synthetic":
+        raise ValueError(f"data must be one of {sorted([*FILES, 'synthetic'])}, got {name!r}")
     _check_vocabulary(vocabulary)
-    if path is None:
+    if path is None and name != "synthetic":
         if datasets_dir is None:
-            raise ValueError("give data_path (or datasets_dir)")
-        path = pathlib.Path(datasets_dir) / name / files[name]
-    maxlen = (AMAZON_MAXLEN if name == "amazon-games" else MOVIELENS_MAXLEN) if maxlen is None else maxlen
+            raise ValueError(f"give data_path (or datasets_dir); jdp.data.fetch({name!r}) downloads it")
+        path = pathlib.Path(datasets_dir) / name / FILES[name]
+    if path is not None and pathlib.Path(path).is_dir():  # a dataset folder, e.g. jdp.data.fetch("ml-1m")
+        path = pathlib.Path(path) / FILES[name]
+    if maxlen is None:
+        maxlen = MOVIELENS_MAXLEN if name in ("ml-100k", "ml-1m") else AMAZON_MAXLEN
     if maxlen < 1:
         raise ValueError(f"maxlen must be >= 1, got {maxlen}")
     ledger = accounting.PrivacyReport(delta, unit="user", relation=accounting.ADD_OR_REMOVE_ONE)
     opts = dict(vocabulary=vocabulary, item_catalogue=item_catalogue, max_items_per_user=maxlen + 2,
                 vocab_noise_multiplier=vocab_noise_multiplier, key=key, report=ledger)
-    if name == "amazon-games":
+    if name == "synthetic":
+        from jdp.data.synthetic import planted_sequences
+        seqs, n_items = _vocab(planted_sequences(seed=data_seed)[0], vocabulary, item_catalogue, min_item_count,
+                               maxlen + 2, vocab_noise_multiplier, key, ledger)
+    elif name == "amazon-games":
         seqs, n_items = read_sasrec(path, min_item_count=min_item_count, **opts)
     else:
         seqs, n_items = read_ratings(path, min_item_count=min_item_count, **opts)
