@@ -217,6 +217,12 @@ def test_bad_inputs_raise_clear_errors():
         M.meta_nsgd(KEY, tasks, RIDGE, jnp.full(DIM, jnp.nan), **base)
     with pytest.raises(ValueError, match="NaN"):
         M.make_taskset((np.full((2, 3, DIM), np.nan), np.zeros((2, 3))))
+    for bad_h0 in (jnp.zeros(DIM - 1), jnp.zeros((DIM, 2))):  # caught before any calibration or training
+        with pytest.raises(ValueError, match="does not fit the learner|meta-gradient has shape"):
+            M.meta_nsgd(KEY, tasks, RIDGE, bad_h0, epsilon=1.0, delta=1e-5, steps=2, batch_size=BATCH, meta_lr=0.5,
+                        clip=1.0)
+        with pytest.raises(ValueError, match="does not fit the learner|meta-gradient has shape"):
+            M.dp_ftmrl(KEY, tasks, RIDGE, bad_h0, epsilon=1.0, delta=1e-5, meta_lr=0.5, clip=1.0)
     with pytest.raises(ValueError, match="mask"):
         M.make_taskset((np.zeros((2, 3, DIM)), np.zeros((2, 3))), mask=np.zeros((2, 3)))
     with pytest.raises(ValueError, match="lam"):

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jdp.meta import engine, privacy
 from jdp.meta.clustering import random_init
 from jdp.meta.evaluate import transfer_risk
-from jdp.meta.meta_nsgd import MetaResult, _validate, stack_init
+from jdp.meta.meta_nsgd import MetaResult, _validate, check_fits, stack_init
 from jdp.meta.tasks import TaskSet
 
 PyTree = Any
@@ -49,6 +49,7 @@ def meta_sgd_nonprivate(key, tasks: TaskSet, learner, *, steps: int, batch_size:
         h0_flat, spec = stack_init(h0)
     else:
         h0_flat, spec = stack_init(list(h0), q)
+    check_fits(learner, spec, h0_flat, tasks)
     last, avg = engine.train_jit(
         k_run, tasks.data, tasks.mask, h0_flat, learner=learner, spec=spec, batch_size=int(batch_size),
         sampling=sampling, steps=int(steps), n_active=tasks.n_tasks, meta_lr=float(meta_lr),

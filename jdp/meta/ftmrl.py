@@ -24,7 +24,7 @@ import jax.numpy as jnp
 
 from jdp import accounting as acc
 from jdp.meta import engine, privacy
-from jdp.meta.meta_nsgd import OUTPUTS, MetaResult, stack_init
+from jdp.meta.meta_nsgd import OUTPUTS, MetaResult, check_fits, stack_init
 from jdp.meta.tasks import TaskSet
 
 PyTree = Any
@@ -74,6 +74,8 @@ def dp_ftmrl(key, tasks: TaskSet, learner, h0: PyTree, *, epsilon: float | None,
         raise ValueError("give exactly one of epsilon (calibrated noise) or noise_multiplier")
     b, k = int(batch_size), tasks.n_tasks
     n_steps = -(-k // b)
+    h0_flat, spec = stack_init(h0)
+    check_fits(learner, spec, h0_flat, tasks)
     if noise_multiplier is not None:
         z = acc.check_positive(noise_multiplier, "noise_multiplier")
     else:
@@ -82,7 +84,6 @@ def dp_ftmrl(key, tasks: TaskSet, learner, h0: PyTree, *, epsilon: float | None,
     report.assume(f"number of tasks K = {k} treated as public (sets the stream of ceil(K/b) steps)")
     privacy.add_release(report, f"DP-FTMRL: tree aggregation over {n_steps} steps of {b} tasks", "tree", z * clip, clip,
                         n_tasks=k, batch_size=b, steps=n_steps)
-    h0_flat, spec = stack_init(h0)
     last, avg = _ftmrl_jit(key, tasks.data, tasks.mask, h0_flat[0], learner=learner, spec=spec, batch_size=b,
                            shuffle=bool(shuffle), meta_lr=jnp.float32(meta_lr), clip=jnp.float32(clip),
                            node_std=jnp.float32(z * clip),

@@ -84,12 +84,29 @@ def stack_init(h0: PyTree, q: int | None = None) -> tuple[jax.Array, engine.Flat
     return flat, spec
 
 
+def check_fits(learner, spec: engine.FlatSpec, h0_flat: jax.Array, tasks: TaskSet) -> None:
+    """Raises ValueError when the meta-model h0 does not fit the learner on these tasks: one meta-gradient
+    is traced abstractly (no compute), before any noise is calibrated."""
+    one = jax.tree.map(lambda a: a[0], tasks.data)
+    try:
+        _, g = jax.eval_shape(lambda h, d, m: engine.select_and_grad(learner, spec, h, d, m, jax.random.key(0),
+                                                                     jnp.float32(1.0)), h0_flat, one, tasks.mask[0])
+    except (TypeError, ValueError) as err:
+        shapes = [tuple(x.shape) for x in jax.tree.leaves(spec.unravel(h0_flat[0]))]
+        data = [tuple(x.shape[1:]) for x in jax.tree.leaves(tasks.data)]
+        raise ValueError(f"h0 (parameter shapes {shapes}) does not fit the learner on these tasks (per-task data "
+                         f"shapes {data}): {str(err).splitlines()[0]}") from None
+    if g.shape != h0_flat.shape[1:]:
+        raise ValueError(f"the learner's meta-gradient has shape {g.shape}, h0 has {h0_flat.shape[1:]}")
+
+
 def run_private(key, tasks: TaskSet, learner, h0_flat: jax.Array, spec: engine.FlatSpec, *, name: str,
                 epsilon: float | None, delta: float, steps: int, batch_size: int, meta_lr: float, clip: float,
                 sampling: str, output: str, calibration: str, radius: float | None,
                 noise_multiplier: float | None) -> MetaResult:
     """Calibrates, runs the engine and fills the report (shared by Alg. 1 and Alg. 2)."""
     _validate(tasks, steps, batch_size, meta_lr, clip, sampling, output, radius)
+    check_fits(learner, spec, h0_flat, tasks)
     clip = acc.check_positive(clip, "clip")
     delta = acc.check_delta(delta, num_units=tasks.n_tasks)
     if calibration not in CALIBRATIONS:
