@@ -48,6 +48,7 @@ def register(subparsers) -> None:
     p.add_argument("--output-iterate", choices=("last", "average"), default="last")
     add_seed_arguments(p)
     p.add_argument("--out", type=pathlib.Path, default=None, help="also write the JSON here")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar over the stages (stderr)")
     p.set_defaults(func=run)
 
 
@@ -80,6 +81,9 @@ def run(args) -> int:
     clip = args.clip if args.clip is not None else (4.0 if args.setting == "single-cluster" else 2.0)
     acc.check_positive(clip, "--clip")  # before any work (generating tasks takes seconds)
     steps = args.steps or args.n_tasks
+    from tqdm.auto import tqdm
+    stages = tqdm(total=3, desc="jdp meta", unit="stage", disable=args.no_progress)
+    stages.set_postfix_str("generating tasks")
     timings = {}
     t0 = time.perf_counter()
     seed = noise_seed(args)
@@ -93,6 +97,8 @@ def run(args) -> int:
                             batch_size=args.inner_batch))
     template = jnp.zeros(args.dim)
     timings["generate_s"] = time.perf_counter() - t0
+    stages.update()
+    stages.set_postfix_str(f"{args.algorithm}: calibration, compilation and {steps} steps")
     t0 = time.perf_counter()
     common = dict(steps=steps, batch_size=args.batch_size, meta_lr=args.meta_lr)
     private = dict(epsilon=args.epsilon, delta=args.delta, clip=clip, sampling=args.sampling,
@@ -111,10 +117,14 @@ def run(args) -> int:
     if result is not None:
         jax.block_until_ready(result.flat)
     timings["train_s"] = time.perf_counter() - t0
+    stages.update()
+    stages.set_postfix_str("evaluating on test tasks")
     t0 = time.perf_counter()
     local = M.local_training_risk(k_ev, learner, template, ft, ts)
     risk = M.transfer_risk(k_ev, learner, result, ft, ts) if result is not None else local
     timings["evaluate_s"] = time.perf_counter() - t0
+    stages.update()
+    stages.close()
     if result is not None:
         report = result.report
     else:  # local training uses no training task: nothing released

@@ -101,7 +101,8 @@ def run(args) -> int:
         sc = _scenario(args.scenario)
         q, d = sc.draw(np.random.default_rng(args.data_seed), args.trials, args.k)
         t0 = time.perf_counter()
-        curves = SC.mse_curves(q, d, args.mechanisms or SC.DEFAULT_MECHANISMS, args.epsilons)
+        curves = SC.mse_curves(q, d, args.mechanisms or SC.DEFAULT_MECHANISMS, args.epsilons,
+                               progress=not args.no_progress)
         _emit({"scenario": sc.name, "description": sc.description, "k": args.k, "trials": args.trials,
                "epsilons": args.epsilons, "mse": curves, "timings": {"seconds": time.perf_counter() - t0}},
               args.out)
@@ -172,6 +173,7 @@ def register(subparsers) -> None:
     c.add_argument("--scenario", default="bimodal-positive")
     c.add_argument("--k", type=int, default=100)
     c.add_argument("--trials", type=int, default=16)
+    c.add_argument("--no-progress", action="store_true", help="no progress bar (it is written to stderr)")
     c.add_argument("--epsilons", type=float, nargs="+", default=[0.1, 1.0, 10.0])
     c.add_argument("--mechanisms", nargs="+", default=None)
     common(c, data=False)

@@ -17,6 +17,7 @@ from typing import Callable
 
 import numpy as np
 from scipy import stats
+from tqdm.auto import tqdm
 
 from jdp.selection.registry import get_mechanism
 
@@ -113,17 +114,23 @@ def expected_squared_error(probabilities: np.ndarray, scores: np.ndarray) -> np.
 
 
 def mse_curves(scores: np.ndarray, sensitivities: np.ndarray, mechanisms=DEFAULT_MECHANISMS,
-               epsilons=DEFAULT_EPSILONS, chunk: int = 8, params: dict | None = None) -> dict:
-    """{mechanism: [mean MSE at each ε]} over the problems (rows) of scores/sensitivities [T, k]."""
+               epsilons=DEFAULT_EPSILONS, chunk: int = 8, params: dict | None = None,
+               progress: bool = False) -> dict:
+    """{mechanism: [mean MSE at each ε]} over the problems (rows) of scores/sensitivities [T, k]
+    (`progress`: a bar over the mechanism × ε cells)."""
     params = params or {}
     out = {}
+    bar = tqdm(total=len(mechanisms) * len(epsilons), desc="MSE curves", unit="cell", disable=not progress)
     for name in mechanisms:
         mech = get_mechanism(name, allow_nonprivate=True)
         curve = []
         for eps in epsilons:
+            bar.set_postfix_str(f"{name} eps={eps:g}")
             errs = [expected_squared_error(
                 mech.probabilities(scores[i:i + chunk], sensitivities[i:i + chunk], eps, **params.get(name, {})),
                 scores[i:i + chunk]) for i in range(0, len(scores), chunk)]
             curve.append(float(np.concatenate(errs).mean()))
+            bar.update()
         out[name] = curve
+    bar.close()
     return out
