@@ -171,8 +171,10 @@ def test_cli_writes_json(tmp_path):
     from jdp.cli import main
     out = tmp_path / "r.json"
     rc = main(["altmin", "--data", "synthetic", "--synthetic-size", "800", "200", "20000", "--method", "dpals-tail",
-               "--epsilon", "3", "--dim", "4", "--steps", "2", "--out", str(out)])
-    assert rc == 0
+               "--epsilon", "3", "--dim", "4", "--steps", "2", "--out", str(out), "--plot", str(tmp_path / "r.png")])
+    assert rc == 0 and (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    row = json.loads(out.read_text())  # a private model that loses to the zero-cost baseline says so
+    assert (row["metrics"]["rmse_test"] > row["metrics"]["rmse_zero_cost_test"]) == bool(row.get("warnings"))
     row = json.loads(out.read_text())
     for key in ("method", "epsilon", "delta", "metrics", "privacy", "timings"):
         assert key in row

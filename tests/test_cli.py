@@ -37,3 +37,31 @@ def test_a_nonprivate_reference_is_refused_by_select_run_with_where_to_find_it(c
     assert main(["select", "run", "--mechanism", "rnmh-nonprivate", "--epsilon", "1"]) == 2
     err = capsys.readouterr().err
     assert "private mechanisms only" in err and "allow_nonprivate=True" in err
+
+
+@pytest.mark.slow  # each CLI's own test also writes its plot (default suite)
+def test_every_cli_writes_a_plot(tmp_path):
+    """`--plot run.png` on altmin, meta, seqrec, select run and select curves (tiny runs), and the altmin
+    warning when the private model loses to the zero-cost baseline is in its JSON whenever the numbers say so."""
+    pytest.importorskip("matplotlib")
+    import json
+
+    runs = {
+        "altmin": ["altmin", "--data", "synthetic", "--synthetic-size", "300", "60", "4000", "--method", "dpals-uniform",
+                   "--epsilon", "0.5", "--dim", "2", "--steps", "1", "--seed", "1"],
+        "meta": ["meta", "--n-tasks", "30", "--n-test-tasks", "10", "--learner", "ridge", "--dim", "3", "--seed", "1",
+                 "--no-progress"],
+        "seqrec": ["seqrec", "--data", "synthetic", "--model", "gru", "--non-private", "--epochs", "0.5",
+                   "--batch-size", "256", "--maxlen", "8", "--d", "8", "--no-progress", "--seed", "1",
+                   "--eval-every", "0.25"],
+        "select-run": ["select", "run", "--mechanism", "em", "--epsilon", "1", "--problems", "50", "--k", "10",
+                       "--seed", "1"],
+        "select-curves": ["select", "curves", "--trials", "4", "--k", "10", "--epsilons", "0.5", "2", "--no-progress"],
+    }
+    for name, args in runs.items():
+        png, out = tmp_path / f"{name}.png", tmp_path / f"{name}.json"
+        assert main(args + ["--out", str(out), "--plot", str(png)]) == 0, name
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5_000, name
+    row = json.loads((tmp_path / "altmin.json").read_text())
+    worse = row["metrics"]["rmse_test"] > row["metrics"]["rmse_zero_cost_test"]
+    assert worse == any("zero-cost baseline" in w for w in row.get("warnings", []))

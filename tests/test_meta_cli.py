@@ -11,8 +11,8 @@ def test_meta_cli_runs_and_reports(tmp_path, capsys):
     # shapes and learner as in test_meta_core (200 tasks x 10 points, d = 6, ridge, q = 3): shared jit cache
     rc = main(["meta", "--algorithm", "clustering", "--setting", "multi-cluster", "--q", "3", "--n-tasks", "200",
                "--n-test-tasks", "200", "--n-test-points", "20", "--dim", "6", "--learner", "ridge", "--steps", "5",
-               "--epsilon", "5", "--out", str(out)])
-    assert rc == 0
+               "--epsilon", "5", "--out", str(out), "--plot", str(tmp_path / "meta.png")])
+    assert rc == 0 and (tmp_path / "meta.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     res = json.loads(out.read_text())
     assert res == json.loads(capsys.readouterr().out)
     assert res["privacy"]["unit"] == "task"

@@ -13,8 +13,9 @@ def test_select_run_and_report(tmp_path, capsys):
     np.savetxt(tmp_path / "d.csv", d[None], delimiter=",")
     out = tmp_path / "r.json"
     rc = main(["select", "run", "--mechanism", "gem", "--epsilon", "2", "--scores", str(tmp_path / "q.npy"),
-               "--sensitivities", str(tmp_path / "d.csv"), "--param", "beta=0.2", "--out", str(out)])
-    assert rc == 0
+               "--sensitivities", str(tmp_path / "d.csv"), "--param", "beta=0.2", "--out", str(out),
+               "--plot", str(tmp_path / "run.png")])
+    assert rc == 0 and (tmp_path / "run.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     r = json.loads(out.read_text())
     assert r["problems"] == 50 and len(r["selections"]) == 50 and all(0 <= i < 8 for i in r["selections"])
     assert abs(r["privacy"]["pure_epsilon"] - 2.0) < 1e-9 and r["privacy"]["unit"] == "user"
@@ -28,7 +29,9 @@ def test_select_run_and_report(tmp_path, capsys):
 def test_select_curves_list_recommend(tmp_path, capsys):
     out = tmp_path / "c.json"
     assert main(["select", "curves", "--scenario", "bimodal-negative", "--k", "10", "--trials", "3",
-                 "--epsilons", "0.5", "2", "--mechanisms", "gem", "mgem", "--out", str(out)]) == 0
+                 "--epsilons", "0.5", "2", "--mechanisms", "gem", "mgem", "--out", str(out),
+                 "--plot", str(tmp_path / "curves.png")]) == 0
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     c = json.loads(out.read_text())
     assert c["mse"]["gem"][0] < c["mse"]["mgem"][0]
     assert main(["select", "list"]) == 0

@@ -13,7 +13,8 @@ def test_cli_seqrec_ml100k(tmp_path, datasets_dir, capsys):
     args = ["seqrec", "--data", "ml-100k", "--data-path", str(datasets_dir / "ml-100k" / "u.data"),
             "--model", "transformer", "--epsilon", "8", "--epochs", "0.2", "--batch-size", "128",
             "--maxlen", "16", "--d", "8", "--blocks", "1", "--chunk-rows", "4096", "--length-buckets", "8",
-            "--no-progress", "--out", str(out), "--checkpoint", str(ck), "--seed", "3", "--eval-every", "0.125"]
+            "--no-progress", "--out", str(out), "--checkpoint", str(ck), "--seed", "3", "--eval-every", "0.125",
+            "--plot", str(tmp_path / "curve.png")]
     assert cli.main(args + ["--max-steps", "1"]) == 0  # stopped after one of the two steps
     assert json.loads(out.read_text())["timings"]["steps_done"] == 1
     assert cli.main(args) == 2  # an existing checkpoint is never silently overwritten or resumed
@@ -21,6 +22,7 @@ def test_cli_seqrec_ml100k(tmp_path, datasets_dir, capsys):
     res = json.loads(out.read_text())
     assert res["timings"]["steps_run"] == 1 and res["timings"]["steps_done"] == 2
     assert res["history"][-1]["step"] == 2
+    assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # validation every 1/8 epoch = every step (8 steps per epoch): step 1's entry survived the resume
     assert res["history"][0]["step"] == 1 and 0.0 <= res["history"][0]["ndcg_at_10_valid"] <= 1.0
     assert res["history"][-1]["epsilon_spent"] == pytest.approx(res["privacy"]["epsilon"], rel=1e-6)

@@ -93,6 +93,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="merge duplicate (user, item) ratings into their mean (default: reject them)")
     add_seed_arguments(p)
     p.add_argument("--out", default=None, help="JSON output file")
+    p.add_argument("--plot", default=None, help="PNG: test RMSE per popularity bucket beside the zero-cost baselines")
     p.set_defaults(func=run)
 
 
@@ -121,7 +122,16 @@ def run(args: argparse.Namespace) -> int:
     print("RMSE by popularity bucket (tail -> head): " + "  ".join(f"{x:.4f}" for x in m["sliced"]["rmse_test"]))
     print(f"privacy: epsilon={row['privacy']['epsilon']:.4f} at delta={row['privacy']['delta']:g} "
           f"over {len(row['privacy']['releases'])} release groups")
+    if args.method != "als" and m["rmse_test"] > m["rmse_zero_cost_test"]:
+        warning = (f"the private model (test RMSE {m['rmse_test']:.4f}) is worse than the zero-cost baseline "
+                   f"({m['rmse_zero_cost_test']:.4f}: each user's own bias on the public prior, nothing released): "
+                   "at this epsilon and data size the release does not pay for itself")
+        row.setdefault("warnings", []).append(warning)
+        print(f"WARNING: {warning}")
     if args.out:
         pathlib.Path(args.out).write_text(json.dumps(row, indent=2, default=float) + "\n")
         print(f"wrote {args.out}")
+    if args.plot:
+        from jdp.plots import altmin_run
+        print(f"wrote {altmin_run(row, args.plot)}")
     return 0

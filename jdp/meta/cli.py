@@ -49,6 +49,7 @@ def register(subparsers) -> None:
     add_seed_arguments(p)
     p.add_argument("--out", type=pathlib.Path, default=None, help="also write the JSON here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar over the stages (stderr)")
+    p.add_argument("--plot", type=pathlib.Path, default=None, help="PNG: transfer risk beside local training")
     p.set_defaults(func=run)
 
 
@@ -144,4 +145,7 @@ def run(args) -> int:
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text + "\n")
+    if args.plot is not None:
+        from jdp.plots import meta_run
+        meta_run(out, args.plot)
     return 0

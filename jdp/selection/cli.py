@@ -50,6 +50,12 @@ def _problem(args):
     return q.astype(np.float64), d.astype(np.float64), f"scenario:{sc.name}"
 
 
+def _plot(command: str, payload: dict, path: str | None) -> None:
+    if path:
+        from jdp.plots import save_plot
+        save_plot(command, payload, path)
+
+
 def _emit(payload: dict, out: str | None) -> None:
     text = json.dumps(payload, indent=2, default=float)
     if out:
@@ -106,6 +112,8 @@ def run(args) -> int:
         _emit({"scenario": sc.name, "description": sc.description, "k": args.k, "trials": args.trials,
                "epsilons": args.epsilons, "mse": curves, "timings": {"seconds": time.perf_counter() - t0}},
               args.out)
+        _plot("select curves", {"scenario": sc.name, "k": args.k, "trials": args.trials, "epsilons": args.epsilons,
+                                "mse": curves}, getattr(args, "plot", None))
         return 0
     # run
     epsilon = check_epsilon(args.epsilon, "--epsilon")
@@ -139,6 +147,7 @@ def run(args) -> int:
         payload["mse_vs_best"] = float(np.mean((best - chosen) ** 2))  # evaluation, not a release
     print(str(report), file=sys.stderr)
     _emit(payload, args.out)
+    _plot("select run", payload, getattr(args, "plot", None))
     return 0
 
 
@@ -149,6 +158,7 @@ def register(subparsers) -> None:
 
     def common(sp, data=True):
         sp.add_argument("--out", default=None, help="write JSON here (default: stdout)")
+        sp.add_argument("--plot", default=None, help="PNG (run: selections per candidate; curves: MSE against ε)")
         if data:  # `run` draws noise (--seed); every command with data draws synthetic problems (--data-seed)
             add_seed_arguments(sp)
         else:

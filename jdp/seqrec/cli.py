@@ -87,7 +87,8 @@ def register(subparsers) -> None:
                    help="stop after this many steps of this call (resume later; the report covers the planned run)")
     add_seed_arguments(p)
     p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--out", default=None, help="JSON output file (and <out>.png: the per-epoch curve)")
+    p.add_argument("--out", default=None, help="JSON output file")
+    p.add_argument("--plot", default=None, help="PNG: training loss and validation NDCG per epoch")
     p.set_defaults(func=run)
 
 
@@ -159,32 +160,10 @@ def run(args: argparse.Namespace) -> int:
     print(json.dumps(res.metrics, indent=1))
     if args.out:
         pathlib.Path(args.out).write_text(json.dumps(out, indent=2, default=float) + "\n")
-        if res.history:
-            _plot_history(res.history, pathlib.Path(args.out).with_suffix(".png"), f"{args.model} ε={cfg.epsilon}")
+    if args.plot:
+        from jdp.plots import seqrec_history
+        print(f"wrote {seqrec_history(out, args.plot)}")
     return 0
-
-
-def _plot_history(history: list, path: pathlib.Path, title: str) -> None:
-    """Training loss and (when evaluated) validation NDCG@10 per epoch."""
-    try:
-        import matplotlib
-    except ImportError:  # optional dependency (jdp[plots])
-        print(f"matplotlib not installed: no curve plot ({path})")
-        return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(1, 2, figsize=(9, 3.2))
-    loss = [(h["epoch"], h["train_loss"]) for h in history if "train_loss" in h]
-    ndcg = [(h["epoch"], 100 * h["ndcg_at_10_valid"]) for h in history if "ndcg_at_10_valid" in h]
-    for a, pts, label in ((ax[0], loss, "train loss (private diagnostic)"), (ax[1], ndcg, "valid NDCG@10 %")):
-        if pts:
-            a.plot(*zip(*pts), marker="o")
-        a.set_xlabel("epoch")
-        a.set_title(label)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 __all__ = ["register", "run"]
