@@ -6,7 +6,7 @@ import json
 import os
 import pathlib
 
-from jdp.altmin.model import METHODS, AltMinConfig
+from jdp.altmin.model import METHODS, AltMinConfig, Method
 from jdp.cli import add_seed_arguments, noise_seed
 
 DEFAULT_ML100K = pathlib.Path("..") / "shared" / "datasets" / "ml-100k"
@@ -88,11 +88,12 @@ def run(args: argparse.Namespace) -> int:
     from jdp.altmin.experiment import rating_experiment
     data, rating_range, notes = load_data(args.data, args.data_path, args.data_seed, *args.synthetic_size,
                                           public_users=args.n_users, item_catalogue=args.item_catalogue)
-    cfg = AltMinConfig(method=args.method, epsilon=None if args.method == "als" else args.epsilon,
+    private = Method.parse(args.method).private
+    cfg = AltMinConfig(method=args.method, epsilon=args.epsilon if private else None,
                        delta=args.delta, mu=args.mu, dim=args.dim, steps=args.steps, budget=args.budget,
                        rating_range=rating_range, n_shards=args.n_shards or None,
                        merge_duplicates=args.merge_duplicates)
-    if args.tune == "private" and args.method == "als":
+    if args.tune == "private" and not private:
         raise ValueError("--tune private tunes a private method; 'als' is the non-private reference")
     row = rating_experiment(data, cfg, seed=noise_seed(args), split_seed=args.data_seed,
                             tune=None if args.tune == "none" else args.tune)
