@@ -576,8 +576,8 @@ def fit(train: Interactions, cfg: AltMinConfig, seed: int | None = None, *, tune
     # Alternating minimization. Item side: tasks = items, features x_j = [clip(u_j, Γ), γ₀] of the users
     # (‖x_j‖ ≤ item_feature_bound), labels y_ij = clip(r_ij − μ − b_j, Γy), θ_i = [v_i, c_i / γ₀].
     t1 = time.perf_counter()
-    item_update = (_NoisyGDItemUpdate if cfg.parsed_method.rule == NOISY_GD else _RidgeItemUpdate)(train, weights, cfg,
-                                                                                                 noise, timings)
+    update_class = _NoisyGDItemUpdate if cfg.parsed_method.rule == NOISY_GD else _RidgeItemUpdate
+    item_update = update_class(train, weights, cfg, noise, timings)
     timings["plan_seconds"] = time.perf_counter() - t1
     d = cfg.dim
     v = cfg.init_scale * jax.random.normal(k_init, (n_items, d), jnp.float32)

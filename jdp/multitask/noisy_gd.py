@@ -64,6 +64,8 @@ class NoisyGDConfig:
 def noisy_gd_releases(cfg: NoisyGDConfig, count: int = 1, prefix: str = "noisy GD") -> list[Release]:
     """The releases of `count` runs of `cfg.steps` noisy GD steps: one Gaussian (Poisson-subsampled when q < 1)
     of sensitivity C per step."""
+    if count < 1:
+        raise ValueError(f"count must be >= 1, got {count}")
     return [Release(f"{prefix} step", cfg.step_event(), float(cfg.clip_norm), cfg.noise_multiplier * cfg.clip_norm,
                     count * cfg.steps)]
 

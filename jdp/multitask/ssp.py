@@ -55,6 +55,8 @@ def ssp_noise(noise_multiplier: float, beta: float, clip_x: float, clip_y: float
 def ssp_releases(noise_multiplier: float, beta: float, clip_x: float, clip_y: float, count: int = 1,
                  prefix: str = "SSP") -> list[Release]:
     """The two Gaussian releases (A and b) of `count` SSP solves, with the sensitivities of the module docstring."""
+    if count < 1:
+        raise ValueError(f"count must be >= 1, got {count}")
     sens_a, sens_b = float(math.sqrt(beta) * clip_x**2), float(math.sqrt(beta) * clip_x * clip_y)
     return [Release(f"{prefix} A (Gram)", gaussian_event(noise_multiplier), sens_a, noise_multiplier * sens_a, count),
             Release(f"{prefix} b (rhs)", gaussian_event(noise_multiplier), sens_b, noise_multiplier * sens_b, count)]
