@@ -46,10 +46,10 @@ from tqdm.auto import tqdm
 from benchmarks.common import RESULTS_DIR, write_results
 from jdp.accounting import ADD_OR_REMOVE_ONE, NONPRIVATE_TUNING, PrivacyReport, calibrate
 from jdp.altmin import AltMinConfig
-from jdp.altmin.model import calibrate_noise, default_dim
+from jdp.altmin.model import NOISY_GD, Method, calibrate_noise, default_dim
 from jdp.altmin.experiment import rating_experiment
 from jdp.data import appendix_c, load_movielens, planted_movielens, planted_powerlaw, split_ratings
-from jdp.metrics import popularity_buckets, sliced_rmse
+from jdp.metrics import popularity_buckets, rmse, sliced_rmse
 from jdp.multitask import private_counts, ssp
 from jdp.multitask.weights import adaptive_weights
 
@@ -92,7 +92,7 @@ def appendix_c_run(a: float, epsilon: float, mu: float, seed: int, counts: str =
     pred = np.einsum("nd,nd->n", np.asarray(theta)[test.item], tasks.user_factors[test.user])
     buckets = popularity_buckets(train.item_counts())
     return {"data": f"appendix-c a={a:g}", "method": "task-weighted SSP", "epsilon": epsilon, "mu": mu, "seed": seed,
-            "counts": counts, "reg_scale": reg_scale, "metrics": {"rmse_test": float(np.sqrt(np.mean((pred - test.rating) ** 2))),
+            "counts": counts, "reg_scale": reg_scale, "metrics": {"rmse_test": rmse(pred, test.rating),
                                           "sliced": {"rmse_test": sliced_rmse(pred, test.rating, test.item, buckets, 5)}},
             "privacy": report.to_dict()}
 
@@ -122,7 +122,7 @@ def _rating_rows(data, name, rating_range, args, methods, reg_grid=REG_GRID, use
             for s in range(args.als_seeds)]
     keys = [(m, e, mu) for e in args.epsilons for m, mus in methods for mu in mus]
     for method, eps, mu in tqdm(keys, desc=name):
-        reg_scales = (None,) if "sgd" in method else reg_grid  # noisy GD has no item ridge: reg_scale is unused
+        reg_scales = (None,) if Method.parse(method).rule == NOISY_GD else reg_grid  # noisy GD has no item ridge: reg_scale is unused
         settings = [(dim, rs, ur) for dim in _dim_grid(data, method, eps, mu, rating_range)
                     for rs in reg_scales for ur in user_reg_grid]
         runs = {}  # setting -> [row per seed]
@@ -208,7 +208,7 @@ def _defaults_rows(data, name, rating_range, args, als_grid=ALS_GRID) -> list[di
 
     def run(cfg, seed, tune=None, extra=None):
         label = (extra or {}).get("label", cfg.method + (f" (tuned {tune})" if tune else ""))
-        key = (label, cfg.epsilon if cfg.method != "als" else None, seed)
+        key = (label, cfg.epsilon if cfg.private else None, seed)
         if key in done:  # checkpointed by an earlier, interrupted run
             return next(r for r in rows if (r.get("label", r["method"]), r["epsilon"], r["seed"]) == key)
         row = rating_experiment(data, cfg, seed=seed, split_seed=seed, tune=tune)

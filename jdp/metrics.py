@@ -1,22 +1,42 @@
-"""Evaluation metrics: RMSE, ranking metrics (Recall/NDCG/HIT@k) and popularity-sliced variants.
+"""Evaluation metrics: RMSE / MAE, ranking metrics (Recall/NDCG/HIT@k) and popularity-sliced variants.
 
 Metrics are post-processing of released models; they read held-out data and are not private
 (reporting them is the experimenter's concern, not the mechanism's).
 """
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 
-def rmse(pred: jax.Array, target: jax.Array, mask: jax.Array | None = None) -> jax.Array:
-    """Root mean squared error over entries where mask is true (all when mask is None)."""
-    err = (pred - target) ** 2
+def _errors(pred, target, mask) -> np.ndarray:
+    pred, target = np.asarray(pred, np.float64), np.asarray(target, np.float64)
+    if pred.shape != target.shape:
+        raise ValueError(f"pred and target must have the same shape, got {pred.shape} and {target.shape}")
+    err = pred - target
     if mask is None:
-        return jnp.sqrt(jnp.mean(err))
-    mask = mask.astype(err.dtype)
-    return jnp.sqrt(jnp.sum(err * mask) / jnp.maximum(jnp.sum(mask), 1.0))
+        return err.ravel()
+    mask = np.asarray(mask)
+    if mask.shape != err.shape:
+        raise ValueError(f"mask must have the shape of pred {err.shape}, got {mask.shape}")
+    return err[mask.astype(bool)]
+
+
+def rmse(pred: np.ndarray, target: np.ndarray, mask: np.ndarray | None = None) -> float:
+    """Root mean squared error over the entries where mask is true (all when mask is None), in float64
+    on the host; NaN when there are none."""
+    err = _errors(pred, target, mask)
+    return float(np.sqrt(np.mean(err**2))) if err.size else math.nan
+
+
+def mae(pred: np.ndarray, target: np.ndarray, mask: np.ndarray | None = None) -> float:
+    """Mean absolute error over the entries where mask is true (all when mask is None), in float64 on the
+    host; NaN when there are none."""
+    err = _errors(pred, target, mask)
+    return float(np.mean(np.abs(err))) if err.size else math.nan
 
 
 def top_k(scores: jax.Array, k: int, exclude: jax.Array | None = None) -> jax.Array:
@@ -114,5 +134,5 @@ def sliced_recall(scores: jax.Array, targets: jax.Array, bucket_of_item: np.ndar
     return out
 
 
-__all__ = ["hit_at_k", "ndcg_at_k", "popularity_buckets", "rank_of_target", "recall_at_k", "rmse",
+__all__ = ["hit_at_k", "mae", "ndcg_at_k", "popularity_buckets", "rank_of_target", "recall_at_k", "rmse",
            "sliced_recall", "sliced_rmse", "top_k"]

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from jdp.accounting import compute_epsilon
-from jdp.altmin import AltMinConfig, calibrate_noise, fit
-from jdp.altmin.model import MIN_DIRECTION_SNR, candidate_event, default_dim, item_ridge
+from jdp.altmin import METHODS, AltMinConfig, Method, calibrate_noise, fit
+from jdp.altmin.model import MIN_DIRECTION_SNR, NOISY_GD, RIDGE, candidate_event, default_dim, item_ridge
 from jdp.altmin.experiment import rating_experiment
 from jdp.data import planted_movielens, planted_powerlaw, split_ratings
 
@@ -43,6 +43,23 @@ def test_report_composes_every_release_to_the_target(small, method, names):
         assert g == pytest.approx(0.5 * np.sqrt(2))  # defaults Γ = γ₀ = 0.5
         assert a.sensitivity == pytest.approx(10.0 * g**2) and b.sensitivity == pytest.approx(10.0 * g * 2.25)
         assert a.noise_scale / a.sensitivity == pytest.approx(model.noise_multiplier)
+
+
+def test_method_names_parse_into_update_rule_and_allocation():
+    parsed = {m: Method.parse(m) for m in METHODS}
+    assert {m: (p.rule, p.allocation) for m, p in parsed.items()} == {
+        "als": (RIDGE, "none"), "dpals-uniform": (RIDGE, "uniform"), "dpals-tail": (RIDGE, "tail"),
+        "ada-dpals": (RIDGE, "adaptive"), "dpsgd-uniform": (NOISY_GD, "uniform"), "dpsgd-tail": (NOISY_GD, "tail"),
+        "ada-dpsgd": (NOISY_GD, "adaptive")}
+    assert [m for m, p in parsed.items() if not p.private] == ["als"]
+    assert [m for m, p in parsed.items() if p.needs_counts] == ["dpals-tail", "ada-dpals", "dpsgd-tail", "ada-dpsgd"]
+    for bad in ("dpsgd", "ADA-DPALS", "ada-dpals "):
+        with pytest.raises(ValueError, match="method must be one of"):
+            Method.parse(bad)
+        with pytest.raises(ValueError, match="method must be one of"):
+            AltMinConfig(method=bad).resolve()
+    with pytest.raises(ValueError, match="non-private"):
+        Method(NOISY_GD, "none")
 
 
 def test_calibration_uses_bisection_on_the_whole_event():

@@ -23,8 +23,16 @@ def test_clip_by_norm_and_psd_project():
     assert np.allclose(p, 1.5 * np.ones((2, 2)), atol=1e-5)
 
 
-def test_rmse_with_mask():
-    assert float(metrics.rmse(jnp.array([1.0, 2.0, 9.0]), jnp.array([1.0, 4.0, 0.0]), jnp.array([1, 1, 0]))) == pytest.approx(np.sqrt(2.0))
+def test_rmse_and_mae_with_mask():
+    pred, target = jnp.array([1.0, 2.0, 9.0]), np.array([1.0, 4.0, 0.0])
+    assert metrics.rmse(pred, target, jnp.array([1, 1, 0])) == pytest.approx(np.sqrt(2.0))
+    assert metrics.mae(pred, target, np.array([True, True, False])) == pytest.approx(1.0)
+    assert metrics.rmse(pred, target) == pytest.approx(np.sqrt(85 / 3)) and metrics.mae(pred, target) == pytest.approx(11 / 3)
+    assert np.isnan(metrics.rmse(pred, target, np.zeros(3, bool))) and np.isnan(metrics.mae(pred, target, np.zeros(3, bool)))
+    with pytest.raises(ValueError, match="same shape"):
+        metrics.rmse(pred, target[:2])
+    with pytest.raises(ValueError, match="mask"):
+        metrics.mae(pred, target, np.ones(2, bool))
 
 
 def test_ranking_metrics_hand_made():

@@ -6,7 +6,7 @@ import json
 import os
 import pathlib
 
-from jdp.altmin.model import METHODS, AltMinConfig
+from jdp.altmin.model import METHODS, AltMinConfig, Method
 from jdp.cli import add_data_dir_arguments, add_seed_arguments, noise_seed
 
 # Public rating scales of the named MovieLens datasets (downloaded by jdp.data.fetch); --data movielens
@@ -102,11 +102,12 @@ def run(args: argparse.Namespace) -> int:
     data, rating_range, notes = load_data(args.data, args.data_path, args.data_seed, *args.synthetic_size,
                                           public_users=args.n_users, item_catalogue=args.item_catalogue,
                                           data_dir=args.data_dir, sha256=args.data_sha256)
-    cfg = AltMinConfig(method=args.method, epsilon=None if args.method == "als" else args.epsilon,
+    private = Method.parse(args.method).private
+    cfg = AltMinConfig(method=args.method, epsilon=args.epsilon if private else None,
                        delta=args.delta, mu=args.mu, dim=args.dim, steps=args.steps, budget=args.budget,
                        rating_range=rating_range, n_shards=args.n_shards or None,
                        merge_duplicates=args.merge_duplicates)
-    if args.tune == "private" and args.method == "als":
+    if args.tune == "private" and not private:
         raise ValueError("--tune private tunes a private method; 'als' is the non-private reference")
     row = rating_experiment(data, cfg, seed=noise_seed(args), split_seed=args.data_seed,
                             tune=None if args.tune == "none" else args.tune)
@@ -122,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     print("RMSE by popularity bucket (tail -> head): " + "  ".join(f"{x:.4f}" for x in m["sliced"]["rmse_test"]))
     print(f"privacy: epsilon={row['privacy']['epsilon']:.4f} at delta={row['privacy']['delta']:g} "
           f"over {len(row['privacy']['releases'])} release groups")
-    if args.method != "als" and m["rmse_test"] > m["rmse_zero_cost_test"]:
+    if private and m["rmse_test"] > m["rmse_zero_cost_test"]:
         warning = (f"the private model (test RMSE {m['rmse_test']:.4f}) is worse than the zero-cost baseline "
                    f"({m['rmse_zero_cost_test']:.4f}: each user's own bias on the public prior, nothing released): "
                    "at this epsilon and data size the release does not pay for itself")

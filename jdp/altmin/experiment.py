@@ -21,7 +21,7 @@ import numpy as np
 
 from jdp.altmin.model import AltMinConfig, fit, zero_cost_model
 from jdp.data import Interactions, check_unique_pairs, concat, split_ratings
-from jdp.metrics import popularity_buckets, sliced_rmse
+from jdp.metrics import popularity_buckets, rmse, sliced_rmse
 
 
 def rating_experiment(data: Interactions, cfg: AltMinConfig, seed: int | None = None, split_seed: int = 0,
@@ -45,13 +45,13 @@ def rating_experiment(data: Interactions, cfg: AltMinConfig, seed: int | None = 
     pred_valid = model.predict(u_valid, valid.user, valid.item)
     u_test = model.user_factors(concat([train, valid]))
     pred_test = model.predict(u_test, test.user, test.item)
-    rmse = lambda p, t: float(np.sqrt(np.mean((p - t.rating) ** 2)))  # noqa: E731
     free = zero_cost_model(train, cfg)  # prior + each user's own bias: what every user has without any release
+    pred_free = free.predict(free.user_factors(concat([train, valid])), test.user, test.item)
     metrics = {
-        "rmse_valid": rmse(pred_valid, valid),
-        "rmse_test": rmse(pred_test, test),
-        "rmse_zero_cost_test": rmse(free.predict(free.user_factors(concat([train, valid])), test.user, test.item), test),
-        "rmse_prior_only_test": float(np.sqrt(np.mean((free.mean - test.rating) ** 2))),
+        "rmse_valid": rmse(pred_valid, valid.rating),
+        "rmse_test": rmse(pred_test, test.rating),
+        "rmse_zero_cost_test": rmse(pred_free, test.rating),
+        "rmse_prior_only_test": rmse(np.full(test.nnz, free.mean), test.rating),
         "sliced": {"bucket_definition": "items sorted by training count, 5 equal-size buckets, 0 = tail",
                    "rmse_test": sliced_rmse(pred_test, test.rating, test.item, buckets, 5)},
     }
@@ -60,7 +60,7 @@ def rating_experiment(data: Interactions, cfg: AltMinConfig, seed: int | None = 
         "method": resolved.method + (f" (tuned {tune})" if tune else ""),
         "epsilon": cfg.epsilon if tune else resolved.epsilon,  # tuned: the total, not one candidate's share
         "delta": resolved.delta if resolved.private else None,
-        "mu": resolved.mu if resolved.method.startswith("ada") else None,
+        "mu": resolved.mu if resolved.parsed_method.allocation == "adaptive" else None,
         "seed": model.seed,
         "split_seed": split_seed,
         "metrics": metrics,

@@ -39,16 +39,61 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from jdp.accounting import ADD_OR_REMOVE_ONE, PrivacyReport, calibrate, check_delta, check_epsilon, check_positive
+from jdp.accounting import (ADD_OR_REMOVE_ONE, PrivacyReport, Release, calibrate, check_delta, check_epsilon,
+                            check_positive)
 from jdp.data import Interactions, check_unique_pairs
-from jdp.multitask import gram
-from jdp.multitask.counts import private_counts, private_mean
-from jdp.multitask.noisy_gd import NoisyGDConfig, _run as _noisy_gd_run, record_noisy_gd_releases
-from jdp.multitask.ssp import check_user_budget, record_ssp_releases, solve_tasks, task_mesh
+from jdp.multitask import gram, noisy_gd
+from jdp.multitask.counts import count_releases, label_sum_releases, private_counts, private_mean
+from jdp.multitask.noisy_gd import NoisyGDConfig, noisy_gd_releases
+from jdp.multitask.ssp import check_user_budget, solve_tasks, ssp_releases, task_mesh
 from jdp.multitask.weights import adaptive_weights, tail_sampling_weights, uniform_sampling_weights
 from jdp.noise import clip_by_norm, seeded_key
 
-METHODS = ("als", "dpals-uniform", "dpals-tail", "ada-dpals", "dpsgd-uniform", "dpsgd-tail", "ada-dpsgd")
+RIDGE, NOISY_GD = "ridge", "noisy_gd"  # item update rules
+ALLOCATIONS = ("none", "uniform", "tail", "adaptive")  # how a user's budget k is spread over the user's ratings
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """What a method name means, parsed once (`Method.parse`).
+
+    rule: how the item side is updated: RIDGE, a ridge solve per item of its sufficient statistics (noisy,
+    by SSP, when private; exact for 'als'), or NOISY_GD, task-weighted noisy gradient descent.
+    allocation: 'uniform' / 'tail' sampling of k ratings per user, 'adaptive' weights n̂_i^(−μ), or 'none'
+    (every rating at weight 1: the non-private 'als')."""
+    rule: str
+    allocation: str
+
+    def __post_init__(self):
+        if self.rule not in (RIDGE, NOISY_GD) or self.allocation not in ALLOCATIONS:
+            raise ValueError(f"unknown update rule {self.rule!r} or allocation {self.allocation!r}")
+        if self.allocation == "none" and self.rule != RIDGE:
+            raise ValueError("the non-private reference (allocation 'none') is the exact ridge solve")
+
+    @property
+    def private(self) -> bool:
+        return self.allocation != "none"
+
+    @property
+    def needs_counts(self) -> bool:
+        """Tail sampling and adaptive weights read the private item counts."""
+        return self.allocation in ("tail", "adaptive")
+
+    @staticmethod
+    def parse(method: str) -> "Method":
+        if method not in _METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        return _METHODS[method]
+
+
+_METHODS = {"als": Method(RIDGE, "none"),
+            "dpals-uniform": Method(RIDGE, "uniform"), "dpals-tail": Method(RIDGE, "tail"),
+            "ada-dpals": Method(RIDGE, "adaptive"),
+            "dpsgd-uniform": Method(NOISY_GD, "uniform"), "dpsgd-tail": Method(NOISY_GD, "tail"),
+            "ada-dpsgd": Method(NOISY_GD, "adaptive")}
+METHODS = tuple(_METHODS)
+
+
 def _bias_priors(cfg: "AltMinConfig") -> tuple[float, float]:
     """(s², τ₀²): the public residual variance (Γy/2)² and item-bias prior variance (Γy/4)² (1 and 0.25 on 1–5 stars)."""
     return (cfg.label_clip / 2) ** 2, (cfg.label_clip / 4) ** 2
@@ -117,12 +162,16 @@ class AltMinConfig:
     show_progress: bool = True
 
     @property
+    def parsed_method(self) -> Method:
+        """`method` as (update rule, budget allocation); ValueError for an unknown name."""
+        return Method.parse(self.method)
+
+    @property
     def private(self) -> bool:
-        return self.method != "als"
+        return self.parsed_method.private
 
     def resolve(self) -> "AltMinConfig":
-        if self.method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
+        Method.parse(self.method)
         lo, hi = self.rating_range
         if not (math.isfinite(lo) and math.isfinite(hi) and hi > lo):
             raise ValueError(f"rating_range must be finite with hi > lo, got {self.rating_range}")
@@ -278,52 +327,108 @@ def solve_users(data: Interactions, item_factors: np.ndarray, item_bias: np.ndar
     return UserSolver(data, user_reg, user_bias_reg)(item_factors, item_bias, mean)
 
 
-def _preprocess_event(sigma_c: float, n_gaussians: int) -> dp_accounting.DpEvent:
-    return dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(sigma_c), n_gaussians)
+class NoiseMultipliers(NamedTuple):
+    """σ of each private part of a run: the global mean (None unless global_mean='private'), the item counts
+    (None unless the allocation reads them) and the item updates."""
+    mean: float | None
+    counts: float | None
+    training: float
 
 
-def _training_event(cfg: AltMinConfig, sigma: float) -> dp_accounting.DpEvent:
-    if cfg.method.startswith("dpsgd") or cfg.method == "ada-dpsgd":
-        sgd = NoisyGDConfig(cfg.sgd_clip, sigma, cfg.sgd_inner_steps, 1.0, sample_rate=cfg.sample_rate)
-        return dp_accounting.SelfComposedDpEvent(sgd.step_event(), cfg.steps * cfg.sgd_inner_steps)
-    step = dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(sigma)] * 2)  # A and b
-    return dp_accounting.SelfComposedDpEvent(step, cfg.steps)
+class RunPlan(NamedTuple):
+    """What a fit on the declared public sizes runs and releases, fixed before any rating is read."""
+    config: AltMinConfig             # resolved, dim and steps filled in
+    noise: NoiseMultipliers | None   # None for the non-private 'als'
+    releases: list[Release]          # every release of the run, in the order fit makes them
+
+    def event(self) -> dp_accounting.DpEvent:
+        return _composed(self.releases)
 
 
-def calibrate_noise(cfg: AltMinConfig) -> tuple[float | None, float | None, float]:
-    """(σ for the mean, σ for the counts, σ for training): the pre-processing noise multipliers are set so
-    that each alone would spend its fraction of ε; then σ is found by bisection so that the composition
-    of everything spends exactly (ε, δ). σ for the mean is None unless global_mean='private'."""
-    pre, sigma_mean, sigma_counts = [], None, None
+def _composed(releases: list[Release]) -> dp_accounting.DpEvent:
+    return dp_accounting.ComposedDpEvent([r.composed_event() for r in releases])
+
+
+def _mean_bounds(cfg: AltMinConfig) -> tuple[float, float]:
+    """(midpoint, half-range) of the public rating scale: the private mean is taken of the ratings shifted by
+    the midpoint and clipped to ± the half-range (a smaller sensitivity than the raw ratings have)."""
+    lo, hi = cfg.rating_range
+    return 0.5 * (lo + hi), 0.5 * (hi - lo)
+
+
+def _mean_releases(cfg: AltMinConfig, sigma: float) -> list[Release]:
+    return label_sum_releases(_mean_bounds(cfg)[1], cfg.budget, sigma, name="global mean")
+
+
+def _count_releases(cfg: AltMinConfig, sigma: float) -> list[Release]:
+    return count_releases(cfg.budget, sigma, name="item counts")
+
+
+def _noisy_gd_config(cfg: AltMinConfig, sigma: float) -> NoisyGDConfig:
+    """One noisy-GD item update: `sgd_inner_steps` steps with clip C, step size and the public ridge of `cfg`."""
+    return NoisyGDConfig(cfg.sgd_clip, sigma, cfg.sgd_inner_steps, cfg.sgd_lr or 0.5,
+                         lam=cfg.reg if cfg.reg is not None else 0.0, sample_rate=cfg.sample_rate)
+
+
+def _item_update_releases(cfg: AltMinConfig, sigma: float) -> list[Release]:
+    """The releases of the cfg.steps private item updates: SSP's A and b (features ‖x_j‖ ≤ item_feature_bound,
+    labels |y| ≤ Γy, Σ_i w_ij² ≤ k), or one noisy-GD step per inner update."""
+    if cfg.parsed_method.rule == NOISY_GD:
+        return noisy_gd_releases(_noisy_gd_config(cfg, sigma), count=cfg.steps, prefix="item update (noisy GD)")
+    return ssp_releases(sigma, float(cfg.budget), cfg.item_feature_bound, cfg.label_clip, count=cfg.steps,
+                        prefix="item update (SSP)")
+
+
+def run_releases(cfg: AltMinConfig, noise: NoiseMultipliers | None) -> list[Release]:
+    """Every release of a fit with the resolved `cfg` at the noise multipliers `noise`, in the order fit makes
+    them. This is the ONE description of a run's privacy: `calibrate_noise` composes it to set σ, `fit`
+    records it in the report and draws each release's noise at its recorded scale, `candidate_event`
+    composes it for `tune_private`."""
+    if not cfg.private:
+        return [Release("NON-PRIVATE reference (exact statistics)", dp_accounting.NonPrivateDpEvent())]
+    releases = []
     if cfg.global_mean == "private":
-        sigma_mean = calibrate(lambda s: _preprocess_event(s, 2), cfg.center_fraction * cfg.epsilon, cfg.delta,
-                               bracket=(1e-2, 1e7))
-        pre.append(_preprocess_event(sigma_mean, 2))
-    if _needs_counts(cfg.method):
-        sigma_counts = calibrate(lambda s: _preprocess_event(s, 1), cfg.count_fraction * cfg.epsilon, cfg.delta,
-                                 bracket=(1e-2, 1e7))
-        pre.append(_preprocess_event(sigma_counts, 1))
-    sigma = calibrate(lambda s: dp_accounting.ComposedDpEvent(pre + [_training_event(cfg, s)]), cfg.epsilon,
-                      cfg.delta, bracket=(1e-2, 1e7))
-    return sigma_mean, sigma_counts, sigma
+        releases += _mean_releases(cfg, noise.mean)
+    if cfg.parsed_method.needs_counts:
+        releases += _count_releases(cfg, noise.counts)
+    return releases + _item_update_releases(cfg, noise.training)
 
 
-def plan_run(cfg: AltMinConfig, n_users: int, n_items: int) -> tuple[AltMinConfig, tuple]:
-    """The resolved config of a fit on the declared PUBLIC sizes (dim and steps filled in) and its noise
-    multipliers (σ mean, σ counts, σ training); `fit` and `candidate_event` both use it, so the accounted
-    event is the one that runs. An unset dim comes from `default_dim`; when that is 0 (biases only) and
-    steps were not set, one step is taken (the item biases need no alternation) and σ is recalibrated. The
-    noisy-GD methods default to rank 0 (their default step size does not learn factors from a random start)."""
+def calibrate_noise(cfg: AltMinConfig) -> NoiseMultipliers:
+    """The noise multipliers of a private run with the resolved `cfg`: the pre-processing ones so that each part
+    alone spends its fraction of ε (center_fraction for the mean, count_fraction for the counts); then the
+    training σ by root finding so that all of `run_releases` composed spends exactly (ε, δ)."""
+    if not cfg.private:
+        raise ValueError(f"method {cfg.method!r} is the non-private reference: it has no noise to calibrate")
+
+    def sigma_spending(epsilon: float, releases_at) -> float:
+        return calibrate(lambda s: _composed(releases_at(s)), epsilon, cfg.delta, bracket=(1e-2, 1e7))
+
+    sigma_mean = sigma_counts = None
+    if cfg.global_mean == "private":
+        sigma_mean = sigma_spending(cfg.center_fraction * cfg.epsilon, lambda s: _mean_releases(cfg, s))
+    if cfg.parsed_method.needs_counts:
+        sigma_counts = sigma_spending(cfg.count_fraction * cfg.epsilon, lambda s: _count_releases(cfg, s))
+    sigma = sigma_spending(cfg.epsilon, lambda s: run_releases(cfg, NoiseMultipliers(sigma_mean, sigma_counts, s)))
+    return NoiseMultipliers(sigma_mean, sigma_counts, sigma)
+
+
+def plan_run(cfg: AltMinConfig, n_users: int, n_items: int) -> RunPlan:
+    """The plan of a fit with `cfg` on the declared PUBLIC sizes: the resolved config (dim and steps filled in),
+    its noise multipliers and its releases; `fit` and `candidate_event` both use it, so the accounted event is
+    the one that runs. An unset dim comes from `default_dim`; when that is 0 (biases only) and steps were not
+    set, one step is taken (the item biases need no alternation) and σ is recalibrated. The noisy-GD methods
+    default to rank 0 (their default step size does not learn factors from a random start)."""
     steps_given = cfg.steps is not None
     cfg = cfg.resolve()
     if not cfg.private:
-        return cfg, (None, None, None)
+        return RunPlan(cfg, None, run_releases(cfg, None))
     noise = calibrate_noise(cfg)
     if cfg.dim is None:
         g, g0 = cfg.user_clip, cfg.bias_clip
         share = g**2 / (g**2 + g0**2) if cfg.biases else 1.0
-        dim = max(default_dim(n_users, n_items, cfg.budget, noise[2], share), 0 if cfg.biases else 1)
-        if "sgd" in cfg.method and cfg.biases:
+        dim = max(default_dim(n_users, n_items, cfg.budget, noise.training, share), 0 if cfg.biases else 1)
+        if cfg.parsed_method.rule == NOISY_GD and cfg.biases:
             # noisy GD from a random start does not learn factors in the default steps (ML10M-scale synthetic,
             # ε = 5, rank 4: 0.922 vs zero cost 0.912): biases only unless the caller sets dim
             dim = 0
@@ -331,18 +436,15 @@ def plan_run(cfg: AltMinConfig, n_users: int, n_items: int) -> tuple[AltMinConfi
         if dim == 0 and not steps_given and cfg.steps > 1:
             cfg = dataclasses.replace(cfg, steps=1)
             noise = calibrate_noise(cfg)
-    return cfg, noise
+    return RunPlan(cfg, noise, run_releases(cfg, noise))
 
 
 def candidate_event(cfg: AltMinConfig, n_users: int, n_items: int) -> dp_accounting.DpEvent:
     """The composed dp_accounting event of a private fit with `cfg` on the declared sizes (noise calibrated
-    to cfg.epsilon)."""
+    to cfg.epsilon): the composition of the releases its report will list."""
     if not cfg.resolve().private:
         raise ValueError(f"method {cfg.method!r} is the non-private reference: it has no privacy event")
-    cfg, (sigma_mean, sigma_counts, sigma) = plan_run(cfg, n_users, n_items)
-    pre = [_preprocess_event(sigma_mean, 2)] if sigma_mean is not None else []
-    pre += [_preprocess_event(sigma_counts, 1)] if _needs_counts(cfg.method) else []
-    return dp_accounting.ComposedDpEvent(pre + [_training_event(cfg, sigma)])
+    return plan_run(cfg, n_users, n_items).event()
 
 
 def item_bias_prior(count: np.ndarray, label_sum: np.ndarray, cfg: AltMinConfig, noise_multiplier: float) -> float:
@@ -427,10 +529,6 @@ def default_dim(n_users: int, n_items: int, budget: int, noise_multiplier: float
     return int(min(32, max(2, 2 ** round(math.log2(2 * x ** (1 / 3))))))
 
 
-def _needs_counts(method: str) -> bool:
-    return method.endswith("tail") or method.startswith("ada")
-
-
 def fit(train: Interactions, cfg: AltMinConfig, seed: int | None = None, *, tune: str | None = None,
         valid: Interactions | None = None) -> AltMinModel:
     """Trains with `cfg.method` on `train` and returns the released item matrix and biases and the PrivacyReport.
@@ -450,6 +548,66 @@ def fit(train: Interactions, cfg: AltMinConfig, seed: int | None = None, *, tune
     cfg.resolve()  # validate early
     if tune is not None:
         return _fit_tuned(train, cfg, seed, tune, valid)
+    train = _checked_ratings(train, cfg)
+    timings = {}
+    t0 = time.perf_counter()
+    key, seed = seeded_key(seed)
+    k_mean, k_counts, k_weights, k_init, k_train = jax.random.split(key, 5)
+    n_users, n_items = train.n_users, train.n_items
+    report = PrivacyReport(cfg.delta, unit="user", relation=ADD_OR_REMOVE_ONE)
+    report.assume(f"public sizes declared by the caller: n_users={n_users} (user id space, a bound on the "
+                  f"number of users), n_items={n_items} (item catalogue); not counted from the ratings")
+    report.assume(f"public rating scale {tuple(cfg.rating_range)}")
+    if cfg.merge_duplicates:
+        report.assume("duplicate (user, item) ratings merged into their mean per user before training")
+
+    # Everything private is fixed before any rating is read: the resolved config (rank, steps), the noise
+    # multipliers and the releases. The report lists exactly the releases the calibration composed.
+    plan = plan_run(cfg, n_users, n_items)
+    cfg, noise = plan.config, plan.noise
+    for release in plan.releases:
+        report.add_release(release)
+
+    # Pre-processing: the global mean μ and the budget allocation (weights with Σ_i w_ij² ≤ k per user).
+    mean = _global_mean(train, cfg, noise, k_mean, report)
+    weights = _allocation_weights(train, cfg, noise, k_counts, k_weights)
+    timings["preprocess_seconds"] = time.perf_counter() - t0
+
+    # Alternating minimization. Item side: tasks = items, features x_j = [clip(u_j, Γ), γ₀] of the users
+    # (‖x_j‖ ≤ item_feature_bound), labels y_ij = clip(r_ij − μ − b_j, Γy), θ_i = [v_i, c_i / γ₀].
+    t1 = time.perf_counter()
+    update_class = _NoisyGDItemUpdate if cfg.parsed_method.rule == NOISY_GD else _RidgeItemUpdate
+    item_update = update_class(train, weights, cfg, noise, timings)
+    timings["plan_seconds"] = time.perf_counter() - t1
+    d = cfg.dim
+    v = cfg.init_scale * jax.random.normal(k_init, (n_items, d), jnp.float32)
+    c = jnp.zeros(n_items, jnp.float32)
+    user_solver = UserSolver.for_config(train, cfg)
+    user, rating = jnp.asarray(train.user), jnp.asarray(train.rating, jnp.float32)
+    step_seconds = []
+    for t in tqdm(range(cfg.steps), desc=f"{cfg.method}", disable=not cfg.show_progress, leave=False):
+        ts = time.perf_counter()
+        users = user_solver(v, c, mean)  # each user's exact solve from the release and own ratings: free
+        feats = item_update_features(users.factors, cfg)
+        resid = rating - mean - jnp.asarray(users.bias)[user]
+        labels = jnp.clip(resid, -cfg.label_clip, cfg.label_clip) if cfg.private else resid
+        theta = item_update(v, c, feats, labels, jax.random.fold_in(k_train, t))
+        v = theta[:, :d]
+        if cfg.biases:
+            c = cfg.bias_clip * theta[:, d]
+        if cfg.rescale_items and d > 0:
+            v = v / jnp.maximum(jnp.mean(jnp.linalg.norm(v, axis=1)), 1e-12)
+        v = jax.block_until_ready(v)
+        step_seconds.append(time.perf_counter() - ts)
+    timings["step_seconds"] = step_seconds
+    timings["train_seconds"] = time.perf_counter() - t0
+    sigma = None if noise is None else noise.training
+    return AltMinModel(np.asarray(v), np.asarray(c), float(mean), cfg, report, sigma, timings, seed)
+
+
+def _checked_ratings(train: Interactions, cfg: AltMinConfig) -> Interactions:
+    """`train` with one rating per (user, item) (duplicates merged when cfg.merge_duplicates, else ValueError)
+    and every rating inside the declared scale."""
     if train.nnz == 0:
         raise ValueError("train has no ratings")
     if cfg.merge_duplicates:
@@ -460,129 +618,108 @@ def fit(train: Interactions, cfg: AltMinConfig, seed: int | None = None, *, tune
     lo, hi = cfg.rating_range
     if train.rating.min() < lo or train.rating.max() > hi:
         raise ValueError(f"ratings must lie in the declared rating_range {cfg.rating_range}")
-    timings = {}
-    t0 = time.perf_counter()
-    key, seed = seeded_key(seed)
-    k_mean, k_counts, k_weights, k_init, k_train = jax.random.split(key, 5)
-    user, item = jnp.asarray(train.user), jnp.asarray(train.item)
-    n_users, n_items, k = train.n_users, train.n_items, cfg.budget
-    report = PrivacyReport(cfg.delta, unit="user", relation=ADD_OR_REMOVE_ONE)
-    report.assume(f"public sizes declared by the caller: n_users={n_users} (user id space, a bound on the "
-                  f"number of users), n_items={n_items} (item catalogue); not counted from the ratings")
-    report.assume(f"public rating scale {tuple(cfg.rating_range)}")
-    if cfg.merge_duplicates:
-        report.assume("duplicate (user, item) ratings merged into their mean per user before training")
+    return train
 
-    # Noise calibration (and the default rank), then pre-processing.
-    cfg, (sigma_mean, sigma_counts, sigma) = plan_run(cfg, n_users, n_items)
-    gamma, gamma0, gy, clip_x = cfg.user_clip, cfg.bias_clip, cfg.label_clip, cfg.item_feature_bound
-    if not cfg.private:
-        report.add("NON-PRIVATE reference (exact statistics)", dp_accounting.NonPrivateDpEvent())
+
+def _global_mean(train: Interactions, cfg: AltMinConfig, noise: NoiseMultipliers | None, key: jax.Array,
+                 report: PrivacyReport) -> float:
+    """μ: the exact mean ('als'), a private estimate (its releases are in the plan) or a public prior."""
     if cfg.global_mean == "exact":
-        mean = float(train.rating.mean())
-    elif cfg.global_mean == "private":
-        mid, half = 0.5 * (lo + hi), 0.5 * (hi - lo)  # shift by the public midpoint: smaller sensitivity
-        mean = mid + private_mean(k_mean, user, jnp.asarray(train.rating - mid), half, k, sigma_mean, report)
-    else:
-        mean = _prior(cfg)
-        report.assume(f"global mean = public prior {mean:g} (no ε spent)")
-    counts = None
-    if cfg.private and _needs_counts(cfg.method):
-        counts = private_counts(k_counts, user, item, n_items, k, sigma_counts, report, name="item counts").counts
+        return float(train.rating.mean())
+    if cfg.global_mean == "private":
+        mid, half = _mean_bounds(cfg)
+        return mid + private_mean(key, jnp.asarray(train.user), jnp.asarray(train.rating - mid), half, cfg.budget,
+                                  noise.mean)
+    mean = _prior(cfg)
+    report.assume(f"global mean = public prior {mean:g} (no ε spent)")
+    return mean
 
-    # Budget allocation as weights with Σ_i w_ij² ≤ k for every user.
-    if not cfg.private:
-        weights = jnp.ones(train.nnz, jnp.float32)
-    elif cfg.method.endswith("uniform"):
+
+def _allocation_weights(train: Interactions, cfg: AltMinConfig, noise: NoiseMultipliers | None,
+                        k_counts: jax.Array, k_weights: jax.Array) -> np.ndarray:
+    """Each rating's weight in the item update; private methods keep Σ_i w_ij² ≤ k for every user (checked).
+    Tail sampling and adaptive weights read the private item counts (their release is in the plan)."""
+    method, k = cfg.parsed_method, cfg.budget
+    if not method.private:
+        return np.ones(train.nnz, np.float32)
+    user, item = jnp.asarray(train.user), jnp.asarray(train.item)
+    counts = private_counts(k_counts, user, item, train.n_items, k, noise.counts).counts if method.needs_counts else None
+    if method.allocation == "uniform":
         weights = uniform_sampling_weights(k_weights, user, k)
-    elif cfg.method.endswith("tail"):
+    elif method.allocation == "tail":
         weights = tail_sampling_weights(k_weights, user, item, counts, k)
     else:
-        weights = adaptive_weights(counts, user, item, n_users, float(k), cfg.mu, cfg.weight_mode)
+        weights = adaptive_weights(counts, user, item, train.n_users, float(k), cfg.mu, cfg.weight_mode)
     weights = np.asarray(weights)
-    if cfg.private:
-        check_user_budget(train.user, weights, n_users, float(k))
-    timings["preprocess_seconds"] = time.perf_counter() - t0
+    check_user_budget(train.user, weights, train.n_users, float(k))
+    return weights
 
-    # Item-side plan (fixed across steps): tasks = items, features x_j = [clip(u_j, Γ), γ₀] of the users,
-    # labels y_ij = clip(r_ij − μ − b_j, Γy); θ_i = [v_i, c_i / γ₀]. ‖x_j‖ ≤ clip_x = √(Γ² + γ₀²) is the
-    # feature bound of the SSP / noisy-GD sensitivity analysis.
-    t1 = time.perf_counter()
-    # Item updates by ridge solve (ALS, SSP) shard across devices.
-    mesh = task_mesh(cfg.n_shards) if cfg.method.startswith(("als", "dpals", "ada-dpals")) else None
-    d = cfg.dim
-    is_sgd = "sgd" in cfg.method
-    rating = jnp.asarray(train.rating, jnp.float32)
-    if not is_sgd:
-        n_dev = 1 if mesh is None else mesh.size
-        plan = gram.build_plan(train.item, train.user, weights, n_items, n_shards=n_dev)
-        classes, stack_index = gram.device_arrays(plan)
-        obs_index = gram.observation_index(plan)
-        global_task, flat_index = jnp.asarray(plan.global_task), jnp.asarray(plan.flat_index)
-    timings["plan_seconds"] = time.perf_counter() - t1
 
-    n_feat = d + int(cfg.biases)
-    if cfg.private and not is_sgd:
-        std_a, std_b = sigma * math.sqrt(k) * clip_x**2, sigma * math.sqrt(k) * clip_x * gy
-        lam, count_ridge = (cfg.reg, None) if cfg.reg is not None else item_ridge(cfg, sigma)
-    else:
-        std_a = std_b = 0.0
-        lam = cfg.reg if cfg.reg is not None else (cfg.user_reg if not cfg.private else 1.0)
-        count_ridge = None
-        if cfg.reg_per_rating and not cfg.private and cfg.biases:  # ALS-WR: λ·n_i, n_i read off the γ₀ column
-            count_ridge, lam = np.array([0.0, 0.0, lam, gamma0**2, 0.0], np.float32), 1e-6
-    if is_sgd:
-        sgd = NoisyGDConfig(cfg.sgd_clip, sigma if cfg.private else 1.0, cfg.sgd_inner_steps,
-                            cfg.sgd_lr or 0.5, lam=lam if cfg.reg is not None else 0.0, sample_rate=cfg.sample_rate)
+class _RidgeItemUpdate:
+    """Item update by one ridge solve per item of its statistics A_i = Σ_j w_ij x_j x_jᵀ, b_i = Σ_j w_ij y_ij x_j:
+    perturbed at the SSP release's noise scales when private (`dpals-*`, `ada-dpals`), exact for 'als'. The
+    observation layout is built once; items are sharded across devices (`cfg.n_shards`)."""
 
-    v = cfg.init_scale * jax.random.normal(k_init, (n_items, d), jnp.float32)
-    c = jnp.zeros(n_items, jnp.float32)
-    user_solver = UserSolver.for_config(train, cfg)
-    step_seconds = []
-    for t in tqdm(range(cfg.steps), desc=f"{cfg.method}", disable=not cfg.show_progress, leave=False):
-        ts = time.perf_counter()
-        users = user_solver(v, c, mean)
-        u, b = jnp.asarray(users.factors), jnp.asarray(users.bias)
-        feats = item_update_features(u, cfg)
-        resid = rating - mean - b[user]
-        labels = jnp.clip(resid, -gy, gy) if cfg.private else resid
-        k_step = jax.random.fold_in(k_train, t)
-        if not is_sgd:
-            step_classes = gram.with_labels(classes, obs_index, labels)
-            theta = solve_tasks(feats, step_classes, stack_index, global_task, k_step, std_a, std_b, lam, mesh=mesh,
-                                noisy=cfg.private, count_ridge=count_ridge, bias_stats=count_ridge is not None and cfg.private)
-            if cfg.private and count_ridge is not None and cfg.reg is None:
-                # empirical-Bayes prior from this release's bias statistics, then the same release (same key,
-                # same noise) solved again with it: post-processing
-                stats = np.asarray(theta[flat_index, -2:])
-                tau2 = item_bias_prior(stats[:, 0], stats[:, 1], cfg, sigma)
-                if d > 0:  # one scalar ridge per item also shrinks its factors: never below the public prior's
-                    tau2 = max(tau2, _bias_priors(cfg)[1])
-                lam, count_ridge = item_ridge(cfg, sigma, tau2)
-                theta = solve_tasks(feats, step_classes, stack_index, global_task, k_step, std_a, std_b, lam,
-                                    mesh=mesh, noisy=True, count_ridge=count_ridge, bias_stats=True)
-                timings.setdefault("item_bias_prior_std", []).append(math.sqrt(tau2))
-            theta = theta[flat_index, :n_feat] if cfg.private and count_ridge is not None else theta[flat_index]
+    def __init__(self, train: Interactions, weights: np.ndarray, cfg: AltMinConfig, noise: NoiseMultipliers | None,
+                 timings: dict):
+        self.cfg, self.timings = cfg, timings
+        self.mesh = task_mesh(cfg.n_shards)
+        plan = gram.build_plan(train.item, train.user, weights, train.n_items,
+                               n_shards=1 if self.mesh is None else self.mesh.size)
+        self.classes, self.stack_index = gram.device_arrays(plan)
+        self.obs_index = gram.observation_index(plan)
+        self.global_task, self.flat_index = jnp.asarray(plan.global_task), jnp.asarray(plan.flat_index)
+        if cfg.private:
+            self.sigma = noise.training
+            release_a, release_b = _item_update_releases(cfg, self.sigma)  # the noise drawn is the noise recorded
+            self.std_a, self.std_b = release_a.noise_scale, release_b.noise_scale
+            self.lam, self.count_ridge = (cfg.reg, None) if cfg.reg is not None else item_ridge(cfg, self.sigma)
         else:
-            init = jnp.concatenate([v, (c / gamma0)[:, None]], axis=1) if cfg.biases else v
-            theta = _noisy_gd_run(k_step, init, item, user, feats[user], labels, jnp.asarray(weights), n_items,
-                                  n_users, sgd.steps, sgd.clip_norm, sgd.noise_multiplier if cfg.private else 0.0,
-                                  sgd.learning_rate, sgd.lam, sgd.sample_rate, jnp.inf)
-        v = theta[:, :d]
-        if cfg.biases:
-            c = gamma0 * theta[:, d]
-        if cfg.rescale_items and d > 0:
-            v = v / jnp.maximum(jnp.mean(jnp.linalg.norm(v, axis=1)), 1e-12)
-        v = jax.block_until_ready(v)
-        step_seconds.append(time.perf_counter() - ts)
-    if cfg.private:
-        if is_sgd:
-            record_noisy_gd_releases(report, sgd, count=cfg.steps, prefix="item update (noisy GD)")
-        else:
-            record_ssp_releases(report, sigma, float(k), clip_x, gy, count=cfg.steps, prefix="item update (SSP)")
-    timings["step_seconds"] = step_seconds
-    timings["train_seconds"] = time.perf_counter() - t0
-    return AltMinModel(np.asarray(v), np.asarray(c), float(mean), cfg, report, sigma, timings, seed)
+            self.sigma, self.std_a, self.std_b = None, 0.0, 0.0
+            self.lam = cfg.reg if cfg.reg is not None else cfg.user_reg
+            self.count_ridge = None
+            if cfg.reg_per_rating and cfg.biases:  # ALS-WR: ridge λ·n_i, n_i read off the γ₀ column
+                self.count_ridge = np.array([0.0, 0.0, self.lam, cfg.bias_clip**2, 0.0], np.float32)
+                self.lam = 1e-6
+        # private, default ridge, with biases: the item-bias prior is re-estimated from each release
+        self.empirical_bayes = cfg.private and self.count_ridge is not None
+
+    def __call__(self, v: jax.Array, c: jax.Array, feats: jax.Array, labels: jax.Array, key: jax.Array) -> jax.Array:
+        classes = gram.with_labels(self.classes, self.obs_index, labels)
+        theta = self._solve(feats, classes, key)
+        if not self.empirical_bayes:
+            return theta[self.flat_index]
+        # empirical-Bayes prior from this release's bias statistics, then the same release (same key, same
+        # noise) solved again with it: post-processing. The ridge carries over to the next step's first solve.
+        stats = np.asarray(theta[self.flat_index, -2:])
+        tau2 = item_bias_prior(stats[:, 0], stats[:, 1], self.cfg, self.sigma)
+        if self.cfg.dim > 0:  # one scalar ridge per item also shrinks its factors: never below the public prior's
+            tau2 = max(tau2, _bias_priors(self.cfg)[1])
+        self.lam, self.count_ridge = item_ridge(self.cfg, self.sigma, tau2)
+        theta = self._solve(feats, classes, key)
+        self.timings.setdefault("item_bias_prior_std", []).append(math.sqrt(tau2))
+        return theta[self.flat_index, :-2]  # without the two statistics columns
+
+    def _solve(self, feats: jax.Array, classes, key: jax.Array) -> jax.Array:
+        return solve_tasks(feats, classes, self.stack_index, self.global_task, key, self.std_a, self.std_b, self.lam,
+                           mesh=self.mesh, noisy=self.cfg.private, count_ridge=self.count_ridge,
+                           bias_stats=self.empirical_bayes)
+
+
+class _NoisyGDItemUpdate:
+    """Item update by `sgd_inner_steps` task-weighted noisy GD steps (`dpsgd-*`, `ada-dpsgd`) from the current
+    θ_i = [v_i, c_i / γ₀]; every user's total gradient is clipped to `sgd_clip`."""
+
+    def __init__(self, train: Interactions, weights: np.ndarray, cfg: AltMinConfig, noise: NoiseMultipliers,
+                 timings: dict):
+        self.cfg, self.sgd = cfg, _noisy_gd_config(cfg, noise.training)
+        self.item, self.user, self.weights = jnp.asarray(train.item), jnp.asarray(train.user), jnp.asarray(weights)
+        self.n_items, self.n_users = train.n_items, train.n_users
+
+    def __call__(self, v: jax.Array, c: jax.Array, feats: jax.Array, labels: jax.Array, key: jax.Array) -> jax.Array:
+        init = jnp.concatenate([v, (c / self.cfg.bias_clip)[:, None]], axis=1) if self.cfg.biases else v
+        return noisy_gd.run(key, init, self.item, self.user, feats[self.user], labels, self.weights, self.sgd,
+                            n_tasks=self.n_items, n_users=self.n_users)
 
 
 def item_update_features(user_factors: jax.Array, cfg: AltMinConfig) -> jax.Array:
@@ -612,14 +749,3 @@ def _fit_tuned(train: Interactions, cfg: AltMinConfig, seed: int | None, tune: s
                         f"budget={model.config.budget})")
     return model
 
-
-def evaluate_ratings(model: AltMinModel, history: Interactions, test: Interactions,
-                     item_buckets: np.ndarray | None = None) -> dict:
-    """RMSE on `test` with user embeddings solved from `history`; per-bucket RMSE if buckets given."""
-    from jdp.metrics import sliced_rmse
-    users = model.user_factors(history)
-    pred = model.predict(users, test.user, test.item)
-    out = {"rmse_test": float(np.sqrt(np.mean((pred - test.rating) ** 2)))}
-    if item_buckets is not None:
-        out["sliced"] = {"rmse_by_bucket": sliced_rmse(pred, test.rating, test.item, item_buckets)}
-    return out

@@ -96,7 +96,7 @@ def tune_private(train: Interactions, valid: Interactions, configs: Sequence[Alt
     configs = tuple(configs)
     if len(configs) < 2:
         raise ValueError(f"configs must hold at least 2 candidate configurations, got {len(configs)}")
-    if any(c.method == "als" for c in configs):
+    if not all(c.private for c in configs):
         raise ValueError("configs must all be private methods ('als' is the non-private reference)")
     if any(c.sample_rate != 1.0 for c in configs):  # pure-DP selection + subsampled events: no joint accountant
         raise ValueError("tune_private supports full-batch configs only (sample_rate = 1)")

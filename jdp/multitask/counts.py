@@ -14,7 +14,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from jdp.accounting import PrivacyReport, check_positive
+from jdp.accounting import PrivacyReport, Release, check_positive, gaussian_event
 from jdp.data.interactions import check_unique_pairs
 from jdp.multitask.weights import uniform_sampling_weights
 
@@ -24,6 +24,21 @@ class PrivateCounts:
     counts: jax.Array          # [m] noisy counts clamped at ≥ 1 (float32)
     noise_multiplier: float    # noise std / L2 sensitivity
     sensitivity: float         # sqrt(count_sample)
+
+
+def count_releases(count_sample: int, noise_multiplier: float, name: str = "task counts") -> list[Release]:
+    """The release of `private_counts`: one Gaussian of L2 sensitivity √count_sample (see there)."""
+    sens = math.sqrt(count_sample)
+    return [Release(name, gaussian_event(noise_multiplier), sens, noise_multiplier * sens)]
+
+
+def label_sum_releases(label_bound: float, count_sample: int, noise_multiplier: float,
+                       name: str = "global mean") -> list[Release]:
+    """The two releases of `private_label_sum`: the clipped sum (sensitivity count_sample·label_bound) and
+    the number of labels (sensitivity count_sample), at one noise multiplier."""
+    s_sens, c_sens = float(count_sample * label_bound), float(count_sample)
+    return [Release(name + " (sum)", gaussian_event(noise_multiplier), s_sens, noise_multiplier * s_sens),
+            Release(name + " (count)", gaussian_event(noise_multiplier), c_sens, noise_multiplier * c_sens)]
 
 
 def private_counts(key: jax.Array, user: jax.Array, item: jax.Array, n_items: int, count_sample: int,
@@ -46,11 +61,11 @@ def private_counts(key: jax.Array, user: jax.Array, item: jax.Array, n_items: in
     k_sample, k_noise = jax.random.split(key)
     keep = uniform_sampling_weights(k_sample, user, count_sample)
     exact = jax.ops.segment_sum(keep, item, num_segments=n_items)
-    sens = math.sqrt(count_sample)
-    noisy = exact + noise_multiplier * sens * jax.random.normal(k_noise, (n_items,))
+    (release,) = count_releases(count_sample, noise_multiplier, name)  # the noise drawn is the noise recorded
+    noisy = exact + release.noise_scale * jax.random.normal(k_noise, (n_items,))
     if report is not None:
-        report.add_gaussian(name, sens, noise_multiplier * sens)
-    return PrivateCounts(jnp.maximum(noisy, 1.0), float(noise_multiplier), sens)
+        report.add_release(release)
+    return PrivateCounts(jnp.maximum(noisy, 1.0), float(noise_multiplier), release.sensitivity)
 
 
 def private_label_sum(key: jax.Array, user: jax.Array, label: jax.Array, label_bound: float, count_sample: int,
@@ -72,12 +87,12 @@ def private_label_sum(key: jax.Array, user: jax.Array, label: jax.Array, label_b
     k_sample, k_sum, k_cnt = jax.random.split(key, 3)
     keep = uniform_sampling_weights(k_sample, user, count_sample)
     clipped = jnp.clip(label, -label_bound, label_bound)
-    s_sens, c_sens = count_sample * label_bound, float(count_sample)
-    total = jnp.sum(keep * clipped) + noise_multiplier * s_sens * jax.random.normal(k_sum)
-    count = jnp.sum(keep) + noise_multiplier * c_sens * jax.random.normal(k_cnt)
+    releases = label_sum_releases(label_bound, count_sample, noise_multiplier, name)  # drawn = recorded noise
+    total = jnp.sum(keep * clipped) + releases[0].noise_scale * jax.random.normal(k_sum)
+    count = jnp.sum(keep) + releases[1].noise_scale * jax.random.normal(k_cnt)
     if report is not None:
-        report.add_gaussian(name + " (sum)", s_sens, noise_multiplier * s_sens)
-        report.add_gaussian(name + " (count)", c_sens, noise_multiplier * c_sens)
+        for r in releases:
+            report.add_release(r)
     return float(total), float(count)
 
 

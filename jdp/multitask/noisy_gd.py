@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jdp.accounting import PrivacyReport, check_positive
+from jdp.accounting import PrivacyReport, Release, check_positive
 from jdp.data.interactions import check_unique_pairs
 from jdp.noise import clip_by_norm
 
@@ -61,9 +61,18 @@ class NoisyGDConfig:
         return g if self.sample_rate == 1.0 else dp_accounting.PoissonSampledDpEvent(self.sample_rate, g)
 
 
+def noisy_gd_releases(cfg: NoisyGDConfig, count: int = 1, prefix: str = "noisy GD") -> list[Release]:
+    """The releases of `count` runs of `cfg.steps` noisy GD steps: one Gaussian (Poisson-subsampled when q < 1)
+    of sensitivity C per step."""
+    if count < 1:
+        raise ValueError(f"count must be >= 1, got {count}")
+    return [Release(f"{prefix} step", cfg.step_event(), float(cfg.clip_norm), cfg.noise_multiplier * cfg.clip_norm,
+                    count * cfg.steps)]
+
+
 def record_noisy_gd_releases(report: PrivacyReport, cfg: NoisyGDConfig, count: int = 1, prefix: str = "noisy GD") -> None:
-    report.add(f"{prefix} step", cfg.step_event(), cfg.clip_norm, cfg.noise_multiplier * cfg.clip_norm,
-               count=count * cfg.steps)
+    for r in noisy_gd_releases(cfg, count, prefix):
+        report.add_release(r)
 
 
 @functools.partial(jax.jit, static_argnames=("n_tasks", "n_users", "steps"))
@@ -86,6 +95,19 @@ def _run(key, theta, task, user, x, y, w, n_tasks, n_users, steps, clip_norm, si
 
     theta, _ = jax.lax.scan(step, theta, jax.random.split(key, steps))
     return theta
+
+
+def run(key: jax.Array, init: jax.Array, task: jax.Array, user: jax.Array, x: jax.Array, y: jax.Array,
+        weights: jax.Array, cfg: NoisyGDConfig, *, n_tasks: int, n_users: int) -> jax.Array:
+    """`cfg.steps` noisy GD updates from θ = `init` [n_tasks, d] on observations already prepared for the
+    analysis: features ‖x‖ ≤ the bound, labels clipped, each (task, user) pair at most once. The entry point
+    of `task_weighted_noisy_gd` (which checks and clips its inputs) and of callers that prepare their
+    data themselves, e.g. the item update of `jdp.altmin.fit`. Records nothing: see `noisy_gd_releases`."""
+    radius = jnp.inf if cfg.max_param_norm is None else cfg.max_param_norm
+    return _run(key, jnp.asarray(init, jnp.float32), jnp.asarray(task, jnp.int32), jnp.asarray(user, jnp.int32),
+                jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32), jnp.asarray(weights, jnp.float32),
+                n_tasks, n_users, cfg.steps, cfg.clip_norm, cfg.noise_multiplier, cfg.learning_rate, cfg.lam,
+                cfg.sample_rate, radius)
 
 
 def task_weighted_noisy_gd(key: jax.Array, task: np.ndarray, user: np.ndarray, x: np.ndarray, y: np.ndarray,
@@ -116,12 +138,9 @@ def task_weighted_noisy_gd(key: jax.Array, task: np.ndarray, user: np.ndarray, x
     if np.min(task) < 0 or np.max(task) >= n_tasks:
         raise ValueError(f"task ids must lie in [0, n_tasks={n_tasks})")
     check_unique_pairs(user, task, ("user", "task"), "task_weighted_noisy_gd")
-    theta = jnp.zeros((n_tasks, d), jnp.float32) if init is None else jnp.asarray(init, jnp.float32)
-    radius = jnp.inf if cfg.max_param_norm is None else cfg.max_param_norm
-    out = _run(key, theta, jnp.asarray(task, jnp.int32), jnp.asarray(user, jnp.int32),
-               clip_by_norm(jnp.asarray(x), clip_x), jnp.clip(jnp.asarray(y, jnp.float32), -clip_y, clip_y),
-               jnp.asarray(weights, jnp.float32), n_tasks, n_users, cfg.steps, cfg.clip_norm,
-               cfg.noise_multiplier, cfg.learning_rate, cfg.lam, cfg.sample_rate, radius)
+    theta = jnp.zeros((n_tasks, d), jnp.float32) if init is None else init
+    out = run(key, theta, task, user, clip_by_norm(jnp.asarray(x), clip_x),
+              jnp.clip(jnp.asarray(y, jnp.float32), -clip_y, clip_y), weights, cfg, n_tasks=n_tasks, n_users=n_users)
     if report is not None:
         record_noisy_gd_releases(report, cfg)
     return out

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jdp.accounting import PrivacyReport, check_positive
+from jdp.accounting import PrivacyReport, Release, check_positive, gaussian_event
 from jdp.data.interactions import check_unique_pairs
 from jdp.multitask import gram
 from jdp.noise import clip_by_norm
@@ -52,12 +52,21 @@ def ssp_noise(noise_multiplier: float, beta: float, clip_x: float, clip_y: float
     return SSPNoise(s * clip_x**2, s * clip_x * clip_y, check_positive(lam, "lam"))
 
 
+def ssp_releases(noise_multiplier: float, beta: float, clip_x: float, clip_y: float, count: int = 1,
+                 prefix: str = "SSP") -> list[Release]:
+    """The two Gaussian releases (A and b) of `count` SSP solves, with the sensitivities of the module docstring."""
+    if count < 1:
+        raise ValueError(f"count must be >= 1, got {count}")
+    sens_a, sens_b = float(math.sqrt(beta) * clip_x**2), float(math.sqrt(beta) * clip_x * clip_y)
+    return [Release(f"{prefix} A (Gram)", gaussian_event(noise_multiplier), sens_a, noise_multiplier * sens_a, count),
+            Release(f"{prefix} b (rhs)", gaussian_event(noise_multiplier), sens_b, noise_multiplier * sens_b, count)]
+
+
 def record_ssp_releases(report: PrivacyReport, noise_multiplier: float, beta: float, clip_x: float,
                         clip_y: float, count: int = 1, prefix: str = "SSP") -> None:
     """Adds the two Gaussian releases (A and b) of `count` SSP solves to the report."""
-    sens_a, sens_b = math.sqrt(beta) * clip_x**2, math.sqrt(beta) * clip_x * clip_y
-    report.add_gaussian(f"{prefix} A (Gram)", sens_a, noise_multiplier * sens_a, count)
-    report.add_gaussian(f"{prefix} b (rhs)", sens_b, noise_multiplier * sens_b, count)
+    for r in ssp_releases(noise_multiplier, beta, clip_x, clip_y, count, prefix):
+        report.add_release(r)
 
 
 def _task_noise(key, task_ids, d, std_a, std_b):

@@ -13,8 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jdp.accounting import PrivacyReport
-from jdp.altmin import METHODS, AltMinConfig, fit
+from jdp.accounting import PrivacyReport, compute_epsilon
+from jdp.altmin import METHODS, AltMinConfig, Method, candidate_event, fit
+from jdp.altmin.model import NOISY_GD, plan_run
 from jdp.data import Interactions, planted_powerlaw
 from jdp.multitask import gram
 from jdp.multitask import weights as W
@@ -34,8 +35,37 @@ def _with_rows(data: Interactions, user, item, rating, n_users=None) -> Interact
 
 
 def _cfg(method, **kw):
-    return AltMinConfig(method=method, epsilon=None if method == "als" else 2.0, steps=1, show_progress=False,
-                        sgd_inner_steps=1, **kw)
+    kw = {"epsilon": None if method == "als" else 2.0, "steps": 1, **kw}
+    return AltMinConfig(method=method, show_progress=False, sgd_inner_steps=1, **kw)
+
+
+# --------------------------------------------------------------------------------------------------
+# The report of a fit is the event its noise was calibrated against.
+
+@pytest.mark.parametrize("method", [m for m in METHODS if Method.parse(m).private])
+def test_report_after_fit_is_the_event_calibration_used(ratings, method):
+    """Every private method, with every pre-processing release (private mean, counts where read): the releases
+    fit records compose to exactly the event that the noise was calibrated on and that candidate_event hands
+    to tune_private, so the report spends at most ε (and all of it)."""
+    rule = Method.parse(method).rule
+    cfg = _cfg(method, epsilon=1.5, global_mean="private", dim=2, steps=2)
+    model = fit(ratings, cfg, seed=0)
+    rep, calibrated = model.report, candidate_event(cfg, ratings.n_users, ratings.n_items)
+    assert repr(rep.event()) == repr(calibrated)
+    assert rep.epsilon() == compute_epsilon(calibrated, cfg.delta)
+    assert cfg.epsilon * (1 - 1e-3) <= rep.epsilon() <= cfg.epsilon * (1 + 1e-6)
+    plan = plan_run(cfg, ratings.n_users, ratings.n_items)
+    assert repr(plan.event()) == repr(calibrated) and plan.config == model.config
+    sigma_mean, sigma_counts, sigma = plan.noise
+    assert model.noise_multiplier == sigma
+    names = [r.name for r in rep.releases]
+    assert names[:2] == ["global mean (sum)", "global mean (count)"]
+    assert ("item counts" in names) == Method.parse(method).needs_counts == (sigma_counts is not None)
+    for r in rep.releases:  # each release's noise std is its σ times its sensitivity
+        s = sigma_mean if r.name.startswith("global mean") else sigma_counts if r.name == "item counts" else sigma
+        assert r.noise_scale == pytest.approx(s * r.sensitivity, rel=1e-12)
+    steps = [r for r in rep.releases if r.name.startswith("item update")]
+    assert [r.count for r in steps] == ([2] if rule == NOISY_GD else [2, 2])  # steps × 1 inner step
 
 
 # --------------------------------------------------------------------------------------------------
