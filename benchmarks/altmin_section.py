@@ -124,6 +124,32 @@ def _defaults_table(part: str, title: str) -> list[str]:
     return lines + [""]
 
 
+def _by_epsilon_table(res: dict, part: str, suffix: str) -> list[str]:
+    """A selected-settings grid as one row per (method, μ) and one column per ε; the head bucket and the
+    validation RMSE of every setting stay in the JSON."""
+    rows: dict = {}
+    eps_all: list = []
+    for data, method, eps, mu, counts, n, mean, std, tail, head, rs in _summary(res["results"]):
+        rows.setdefault((method, mu), {})[eps] = (n, mean, std, tail, rs)
+        if eps not in eps_all:
+            eps_all.append(eps)
+    eps_all = sorted(eps_all, key=lambda e: (e is not None, e or 0))
+    name = f"altmin_quality_{part}{suffix}.json"
+    lines = [f"`{res['command']}`, commit `{res['git_commit'][:10]}`, {res['device']}. Test RMSE mean ± std over "
+             "seeds, [tail-bucket RMSE], (selected dim / reg_scale / user ridge). Head-bucket RMSE and the validation "
+             f"RMSE of every setting tried are in `benchmarks/results/{name}`.", "",
+             "| method | μ | " + " | ".join("non-private" if e is None else f"ε = {e:g}" for e in eps_all) + " |",
+             "|---|---|" + "---|" * len(eps_all)]
+    for (method, mu), by_eps in sorted(rows.items(), key=lambda kv: (kv[0][0] != "als", kv[0][0], kv[0][1] or 0)):
+        cells = [f"{m:.4f} ± {sd:.4f} [{t:.3f}] ({rs})" if e in by_eps else "" for e in eps_all
+                 for (_, m, sd, t, rs) in [by_eps.get(e, (0, 0, 0, 0, ""))]]
+        lines.append(f"| {method} | {'-' if mu is None else f'{mu:.3g}'} | " + " | ".join(cells) + " |")
+    png = RESULTS / f"altmin_quality_{part}.png"
+    if png.exists():
+        lines += ["", f"![sliced RMSE](results/{png.name})"]
+    return lines + [""]
+
+
 def _appendix_c_table(res: dict, suffix: str) -> list[str]:
     """The appendix-C grid as one row per (data, counts, ε) and one column per μ; every row of the grid
     (std, head bucket, selected reg_scale) stays in the JSON."""
@@ -231,6 +257,9 @@ def render() -> str:
         note = " — PARTIAL run (interrupted)" if suffix else ""
         if part == "appendix_c":
             lines += [f"### {title}{note}", ""] + _appendix_c_table(res, suffix)
+            continue
+        if part == "ml_100k":
+            lines += [f"### {title}{note}", ""] + _by_epsilon_table(res, part, suffix)
             continue
         lines += [f"### {title}{note}", "", f"`{res['command']}`, commit `{res['git_commit'][:10]}`, {res['device']}", "",
                   "| data | counts | ε | method | μ | seeds | test RMSE (mean ± std) | tail-bucket RMSE | head-bucket RMSE | "
