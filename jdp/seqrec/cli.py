@@ -1,7 +1,7 @@
 """`jdp seqrec`: DP training + full-ranking evaluation of DPFormer and baselines.
 
 Example:
-  jdp seqrec --data amazon-games --data-path ../shared/datasets/amazon-games/Video.txt \\
+  jdp seqrec --data amazon-games --data-path path/to/amazon-games/Video.txt \\
       --model dpformer --epsilon 8 --epochs 100 --batch-size 1024 --lr 3e-3 --out run.json
 `--epsilon 0` is not allowed; `--non-private` trains the explicitly non-private reference.
 Item vocabulary: `--vocabulary sasrec-exact` (default, the papers' protocol: exact item counts, stated
