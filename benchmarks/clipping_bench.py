@@ -1,7 +1,7 @@
 """Step time and peak memory of DP-SGD clipping methods on the DPFormer-size model, side by side.
 
 Model: Transformer, d=64, 1 head, 2 blocks, learned positional embedding, tied input/output item
-embedding, causal next-item loss at every position over the full vocabulary (DPFormer, spec §6).
+embedding, causal next-item loss at every position over the full vocabulary (DPFormer, Ding et al.).
 Methods (one Adam step each, same model, same batch, same process):
   nonprivate        grad of the summed loss (baseline)
   jdp-auto          jdp.clipping: taps, mixed ghost/instantiated norms, Phantom (tied embedding), BK

@@ -1,4 +1,4 @@
-"""Fast exact per-example clipping for Flax models and DP-SGD (spec: clipping_dpformer.md §1-4).
+"""Fast exact per-example clipping for Flax models and DP-SGD.
 
 `clipped_grad(loss_fn, params, batch, l2_clip=...)` returns the sum of per-example clipped gradients
 using taps on recognised linen layers (ghost / instantiated norms, Phantom clipping for tied

@@ -1,7 +1,7 @@
 """DP-SGD on top of `clipped_grad`: Poisson sampling with static-shape padding, an optax noise
 transformation, a jit-compiled step and a PrivacyReport from dp_accounting.
 
-Mechanism per step (spec §1): a Poisson sample (each unit independently with probability q), the sum
+Mechanism per step: a Poisson sample (each unit independently with probability q), the sum
 of clipped per-unit gradients (L2 sensitivity S = C, or sqrt(sum C_k^2) for per-layer clipping), plus
 N(0, (sigma S)^2 I), divided by the PUBLIC expected batch size q N (never by the private sample size).
 Accounting: `SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(sigma)), steps)` under

@@ -1,6 +1,6 @@
 """`clipped_grad`: the sum of per-example (or per-user) clipped gradients of any Flax/JAX loss.
 
-Contract (spec §1): with g_n the gradient of unit n's loss (an example, or a user's examples summed)
+Contract: with g_n the gradient of unit n's loss (an example, or a user's examples summed)
 over ALL trainable parameters, returns  sum_n clip(g_n)  with clip(g) = g * min(1, C/||g||), or
 g * C/||g|| (normalised / "automatic" clipping), so the sum has L2 sensitivity C under add/remove of
 one unit. Per-layer clipping splits C over parameter groups (sensitivity sqrt(sum_k C_k^2)).

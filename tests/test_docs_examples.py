@@ -1,0 +1,43 @@
+"""Every package guide in docs/ has the same sections, and its minimal example runs as written.
+
+The example is the first ```python block under `## Minimal example`; it runs in a fresh namespace
+(examples assert their own privacy claims, e.g. the report's ε). Examples whose compilation takes
+most of a minute are marked slow (run with `-m slow`)."""
+from __future__ import annotations
+
+import pathlib
+import re
+
+import pytest
+
+DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs"
+SECTIONS = ["What it does", "Unit of privacy and neighbouring relation", "Minimal example", "API",
+            "Performance", "Limits"]
+GUIDES = ["accounting", "altmin", "clipping", "meta", "multitask", "selection", "seqrec"]
+SLOW = {"altmin", "meta", "seqrec"}  # each compiles a whole private fit: ~30-45 s on 2 shared cores
+
+
+def sections(text: str) -> list[str]:
+    return [m.group(1).strip() for m in re.finditer(r"^## (.+)$", text, flags=re.M)]
+
+
+def minimal_example(text: str) -> str:
+    part = text.split("\n## Minimal example\n", 1)[1].split("\n## ", 1)[0]
+    m = re.search(r"```python\n(.*?)```", part, flags=re.S)
+    assert m, "no ```python block under '## Minimal example'"
+    return m.group(1)
+
+
+@pytest.mark.parametrize("name", GUIDES)
+def test_guide_has_the_common_sections_in_order(name):
+    got = sections((DOCS / f"{name}.md").read_text())
+    assert got[:len(SECTIONS)] == SECTIONS, got
+    assert "privacy.md" in (DOCS / f"{name}.md").read_text().split("## Minimal example")[0], \
+        "the privacy section links the cross-package index docs/privacy.md"
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in GUIDES])
+def test_minimal_example_runs(name, capsys):
+    code = minimal_example((DOCS / f"{name}.md").read_text())
+    exec(compile(code, f"docs/{name}.md", "exec"), {"__name__": f"docs_{name}"})
+    assert capsys.readouterr().out.strip(), "the example prints what it computed"
