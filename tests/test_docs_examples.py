@@ -13,7 +13,7 @@ import pytest
 DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs"
 SECTIONS = ["What it does", "Unit of privacy and neighbouring relation", "Minimal example", "API",
             "Performance", "Limits"]
-GUIDES = ["accounting", "altmin", "clipping", "meta", "multitask", "selection", "seqrec"]
+GUIDES = ["accounting", "altmin", "clipping", "data", "meta", "multitask", "selection", "seqrec"]
 SLOW = {"altmin", "meta", "seqrec"}  # each compiles a whole private fit: ~30-45 s on 2 shared cores
 
 
