@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
+import pathlib
 import sys
 
 import jdp
@@ -66,8 +68,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def enable_compilation_cache() -> str | None:
+    """Turns on JAX's persistent compilation cache for CLI runs, so a command compiles each program once
+    per shape and machine, not once per run: `JDP_COMPILATION_CACHE` (a directory; "off" disables), default
+    `<JDP_DATA or ~/.cache/jdp>/xla`. Compiled programs hold no data. Returns the directory used (None: off)."""
+    import jax
+    if jax.config.jax_compilation_cache_dir:  # the caller configured one: keep it
+        return jax.config.jax_compilation_cache_dir
+    path = os.environ.get("JDP_COMPILATION_CACHE")
+    if path is None:
+        path = str(pathlib.Path(os.environ.get("JDP_DATA") or pathlib.Path.home() / ".cache" / "jdp") / "xla")
+    if path.lower() in ("", "0", "off", "none"):
+        return None
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    enable_compilation_cache()
     try:
         result = args.func(args)
     except (ValueError, OSError) as err:  # invalid user input or a missing/unreadable file: no traceback

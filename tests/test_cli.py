@@ -65,3 +65,23 @@ def test_every_cli_writes_a_plot(tmp_path):
     row = json.loads((tmp_path / "altmin.json").read_text())
     worse = row["metrics"]["rmse_test"] > row["metrics"]["rmse_zero_cost_test"]
     assert worse == any("zero-cost baseline" in w for w in row.get("warnings", []))
+
+
+def test_cli_runs_use_a_persistent_compilation_cache(tmp_path, monkeypatch):
+    """Each CLI compiles a program once per shape and machine: JAX's persistent cache under JDP_DATA (or
+    JDP_COMPILATION_CACHE; 'off' disables), unless the caller configured one."""
+    import jax
+
+    from jdp.cli import enable_compilation_cache
+    before = jax.config.jax_compilation_cache_dir
+    try:
+        jax.config.update("jax_compilation_cache_dir", None)
+        monkeypatch.setenv("JDP_COMPILATION_CACHE", "off")
+        assert enable_compilation_cache() is None and not jax.config.jax_compilation_cache_dir
+        monkeypatch.delenv("JDP_COMPILATION_CACHE")
+        monkeypatch.setenv("JDP_DATA", str(tmp_path))
+        assert enable_compilation_cache() == str(tmp_path / "xla") == jax.config.jax_compilation_cache_dir
+        jax.config.update("jax_compilation_cache_dir", str(tmp_path / "mine"))
+        assert enable_compilation_cache() == str(tmp_path / "mine")  # the caller's choice is kept
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
