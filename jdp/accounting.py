@@ -26,11 +26,12 @@ import warnings
 from typing import Callable, Sequence
 
 import dp_accounting
-import numpy as np
 import scipy.optimize
 from dp_accounting import dp_event as dpe
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
+
+from jdp.validation import check_delta, check_epsilon, check_positive
 
 Relation = dp_accounting.NeighboringRelation
 ADD_OR_REMOVE_ONE = Relation.ADD_OR_REMOVE_ONE
@@ -72,55 +73,6 @@ def describe_relation(relation: Relation | str, unit: str = "user") -> str:
 def default_orders(relation: Relation | str = ADD_OR_REMOVE_ONE) -> tuple[float, ...]:
     """The RDP orders jdp uses under `relation`."""
     return REPLACE_ONE_RDP_ORDERS if check_relation(relation) is REPLACE_ONE else DEFAULT_RDP_ORDERS
-
-
-# ----------------------------------------------------------------------------------------------------
-# Input validation shared by every private routine.
-def check_epsilon(epsilon: float, name: str = "epsilon", allow_inf: bool = False) -> float:
-    """Returns epsilon as float; raises ValueError unless 0 < epsilon (< inf unless allowed)."""
-    try:
-        value = float(epsilon)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a positive number, got {epsilon!r}") from None
-    if math.isnan(value) or value <= 0 or (math.isinf(value) and not allow_inf):
-        raise ValueError(f"{name} must be a positive finite number, got {epsilon!r}")
-    return value
-
-
-def check_delta(delta: float, name: str = "delta", num_units: int | None = None) -> float:
-    """Returns delta as float; raises ValueError unless 0 < delta < 1.
-
-    With `num_units` (the number of protected units: examples, users, tasks) also refuses
-    delta >= 1/num_units — publishing one random unit's data in the clear is (0, 1/n)-DP, so such a
-    guarantee means nothing — and warns above 1/(10 num_units)."""
-    try:
-        value = float(delta)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be in (0, 1), got {delta!r}") from None
-    if not (0.0 < value < 1.0):
-        raise ValueError(f"{name} must be in (0, 1), got {delta!r}")
-    if num_units is not None and int(num_units) >= 1:
-        n = int(num_units)
-        if value >= 1.0 / n:
-            raise ValueError(f"{name} = {value:.3g} >= 1/n = {1.0 / n:.3g} for n = {n} protected units: a "
-                             f"mechanism that publishes one random unit's data in the clear meets that "
-                             f"guarantee. Use {name} well below 1/n (e.g. <= {0.1 / n:.2g}).")
-        if value > 0.1 / n:
-            warnings.warn(f"{name} = {value:.3g} is above 1/(10 n) = {0.1 / n:.3g} for n = {n} protected units; "
-                          f"the usual choice is {name} << 1/n", stacklevel=2)
-    return value
-
-
-def check_positive(value: float, name: str, allow_zero: bool = False) -> float:
-    """Returns value as float; raises ValueError unless finite and > 0 (or >= 0)."""
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a finite number, got {value!r}") from None
-    if not math.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{name} must be finite and {bound}, got {value!r}")
-    return v
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -539,6 +491,6 @@ def epsilons_from_orders(event: dpe.DpEvent, delta: float, orders: Sequence[floa
 __all__ = [
     "ADD_OR_REMOVE_ONE", "DEFAULT_RDP_ORDERS", "NONPRIVATE_TUNING", "REFERENCE_RDP_ORDERS", "REPLACE_ONE",
     "REPLACE_ONE_RDP_ORDERS", "REPLACE_SPECIAL", "PrivacyReport", "Relation", "Release", "Restatement", "calibrate",
-    "check_delta", "check_epsilon", "check_positive", "check_relation", "compute_epsilon", "default_orders",
+    "check_relation", "compute_epsilon", "default_orders",
     "describe_relation", "gaussian_event", "make_accountant", "pure_dp_event", "epsilons_from_orders",
 ]

@@ -1,10 +1,10 @@
 import math
 
 import dp_accounting
-import numpy as np
 import pytest
 
 from jdp import accounting as acc
+from jdp.validation import check_epsilon
 
 
 def _reference_dpals_event(sigma, steps, sigma_c, k=100):
@@ -71,7 +71,7 @@ def test_pld_and_rdp_agree_roughly_for_gaussian():
 @pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), "x"])
 def test_invalid_epsilon(bad):
     with pytest.raises(ValueError, match="epsilon"):
-        acc.check_epsilon(bad)
+        check_epsilon(bad)
 
 
 @pytest.mark.parametrize("bad", [0, 1, -0.1, 1.5, float("nan")])

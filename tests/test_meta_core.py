@@ -1,7 +1,6 @@
 """Tests for jdp.meta: privacy mechanics, accounting, base learners, input validation, small orderings."""
 import math
 
-import dp_accounting
 import jax
 import jax.numpy as jnp
 import numpy as np

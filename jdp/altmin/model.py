@@ -39,8 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from jdp.accounting import (ADD_OR_REMOVE_ONE, PrivacyReport, Release, calibrate, check_delta, check_epsilon,
-                            check_positive)
+from jdp.accounting import ADD_OR_REMOVE_ONE, PrivacyReport, Release, calibrate
+from jdp.validation import check_delta, check_epsilon, check_positive
 from jdp.data import Interactions, check_unique_pairs
 from jdp.multitask import gram, noisy_gd
 from jdp.multitask.counts import count_releases, label_sum_releases, private_counts, private_mean

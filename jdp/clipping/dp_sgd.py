@@ -22,7 +22,8 @@ import numpy as np
 import optax
 from dp_accounting import dp_event as dpe
 
-from jdp.accounting import ADD_OR_REMOVE_ONE, PrivacyReport, calibrate, check_delta, check_epsilon, check_positive, compute_epsilon
+from jdp.accounting import ADD_OR_REMOVE_ONE, PrivacyReport, calibrate, compute_epsilon
+from jdp.validation import check_delta, check_epsilon, check_positive
 from jdp.clipping.engine import METHODS, clipped_grad
 
 

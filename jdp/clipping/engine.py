@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jdp.accounting import check_positive
+from jdp.validation import check_positive
 from jdp.clipping import norms as _norms
 from jdp.clipping import taps as _taps
 

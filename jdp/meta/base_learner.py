@@ -19,7 +19,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from jdp import accounting as acc
+from jdp.validation import check_positive
 
 PyTree = Any
 
@@ -56,8 +56,8 @@ class SGDLearner:
     minibatch: str = "resample"  # "resample": fresh random batch each step; "cycle": one shuffle, cyclic windows
 
     def __post_init__(self):
-        acc.check_positive(self.lam, "lam")
-        acc.check_positive(self.lr, "lr")
+        check_positive(self.lam, "lam")
+        check_positive(self.lr, "lr")
         if int(self.steps) < 1:
             raise ValueError(f"steps must be >= 1, got {self.steps}")
         if self.batch_size is not None and int(self.batch_size) < 1:
@@ -114,7 +114,7 @@ class RidgeLearner:
     lam: float
 
     def __post_init__(self):
-        acc.check_positive(self.lam, "lam")
+        check_positive(self.lam, "lam")
 
     loss_fn = staticmethod(squared_loss)
 

@@ -68,10 +68,10 @@ def run(args) -> int:
 
     from jdp import meta as M
 
-    from jdp import accounting as acc
+    from jdp.validation import check_delta, check_epsilon, check_positive
     if args.algorithm not in ("nonprivate", "local"):
-        acc.check_epsilon(args.epsilon, "--epsilon")
-    acc.check_delta(args.delta, "--delta")
+        check_epsilon(args.epsilon, "--epsilon")
+    check_delta(args.delta, "--delta")
     for name in ("n_tasks", "n_points", "n_test_tasks", "n_test_points", "dim", "batch_size", "inner_steps", "inner_batch", "q"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -80,7 +80,7 @@ def run(args) -> int:
     if args.algorithm in ("meta-nsgd", "ftmrl") and args.q != 1:
         raise ValueError(f"--q must be 1 for --algorithm {args.algorithm} (use clustering)")
     clip = args.clip if args.clip is not None else (4.0 if args.setting == "single-cluster" else 2.0)
-    acc.check_positive(clip, "--clip")  # before any work (generating tasks takes seconds)
+    check_positive(clip, "--clip")  # before any work (generating tasks takes seconds)
     steps = args.steps or args.n_tasks
     from tqdm.auto import tqdm
     stages = tqdm(total=3, desc="jdp meta", unit="stage", disable=args.no_progress)

@@ -17,7 +17,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jdp import accounting as acc
+from jdp.validation import check_positive
 from jdp.meta import engine
 from jdp.meta.meta_nsgd import MetaResult, run_private, stack_init
 from jdp.meta.tasks import TaskSet
@@ -29,7 +29,7 @@ def random_init(key, template: PyTree, q: int, scale: float) -> list[PyTree]:
     """q meta-models drawn uniformly in [-scale, scale] (data-independent, public randomness)."""
     if int(q) < 1:
         raise ValueError(f"q must be >= 1, got {q}")
-    acc.check_positive(scale, "scale", allow_zero=True)
+    check_positive(scale, "scale", allow_zero=True)
     spec = engine.FlatSpec.of(template)
     flat = jax.random.uniform(key, (int(q), spec.size), minval=-scale, maxval=scale)
     return [spec.unravel(f) for f in flat]

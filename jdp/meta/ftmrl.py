@@ -22,7 +22,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jdp import accounting as acc
+from jdp.validation import check_delta, check_epsilon, check_positive
 from jdp.meta import engine, privacy
 from jdp.meta.meta_nsgd import OUTPUTS, MetaResult, check_fits, stack_init
 from jdp.meta.tasks import TaskSet
@@ -61,15 +61,15 @@ def dp_ftmrl(key, tasks: TaskSet, learner, h0: PyTree, *, epsilon: float | None,
     """
     if not isinstance(tasks, TaskSet):
         raise ValueError(f"tasks must be a TaskSet, got {type(tasks).__name__}")
-    clip = acc.check_positive(clip, "clip")
-    meta_lr = acc.check_positive(meta_lr, "meta_lr")
-    delta = acc.check_delta(delta, num_units=tasks.n_tasks)
+    clip = check_positive(clip, "clip")
+    meta_lr = check_positive(meta_lr, "meta_lr")
+    delta = check_delta(delta, num_units=tasks.n_tasks)
     if not 1 <= int(batch_size) <= tasks.n_tasks:
         raise ValueError(f"batch_size must be in [1, n_tasks={tasks.n_tasks}], got {batch_size}")
     if output not in OUTPUTS:
         raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
     if radius is not None:
-        acc.check_positive(radius, "radius")
+        check_positive(radius, "radius")
     if (epsilon is None) == (noise_multiplier is None):
         raise ValueError("give exactly one of epsilon (calibrated noise) or noise_multiplier")
     b, k = int(batch_size), tasks.n_tasks
@@ -77,9 +77,9 @@ def dp_ftmrl(key, tasks: TaskSet, learner, h0: PyTree, *, epsilon: float | None,
     h0_flat, spec = stack_init(h0)
     check_fits(learner, spec, h0_flat, tasks)
     if noise_multiplier is not None:
-        z = acc.check_positive(noise_multiplier, "noise_multiplier")
+        z = check_positive(noise_multiplier, "noise_multiplier")
     else:
-        z = privacy.calibrate_tree(acc.check_epsilon(epsilon), delta, n_steps)
+        z = privacy.calibrate_tree(check_epsilon(epsilon), delta, n_steps)
     report = privacy.new_report(delta, "tree")
     report.assume(f"number of tasks K = {k} treated as public (sets the stream of ceil(K/b) steps)")
     privacy.add_release(report, f"DP-FTMRL: tree aggregation over {n_steps} steps of {b} tasks", "tree", z * clip, clip,

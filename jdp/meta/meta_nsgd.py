@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from jdp import accounting as acc
+from jdp.validation import check_delta, check_epsilon, check_positive
 from jdp.meta import engine, privacy
 from jdp.meta.tasks import TaskSet
 
@@ -62,14 +63,14 @@ def _validate(tasks: TaskSet, steps: int, batch_size: int, meta_lr: float, clip:
         raise ValueError(f"steps must be >= 1, got {steps}")
     if not 1 <= int(batch_size) <= tasks.n_tasks:
         raise ValueError(f"batch_size must be in [1, n_tasks={tasks.n_tasks}], got {batch_size}")
-    acc.check_positive(meta_lr, "meta_lr")
+    check_positive(meta_lr, "meta_lr")
     if clip is not None:
-        acc.check_positive(clip, "clip")
+        check_positive(clip, "clip")
     privacy.check_sampling(sampling)
     if output not in OUTPUTS:
         raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
     if radius is not None:
-        acc.check_positive(radius, "radius")
+        check_positive(radius, "radius")
 
 
 def stack_init(h0: PyTree, q: int | None = None) -> tuple[jax.Array, engine.FlatSpec]:
@@ -107,8 +108,8 @@ def run_private(key, tasks: TaskSet, learner, h0_flat: jax.Array, spec: engine.F
     """Calibrates, runs the engine and fills the report (shared by Alg. 1 and Alg. 2)."""
     _validate(tasks, steps, batch_size, meta_lr, clip, sampling, output, radius)
     check_fits(learner, spec, h0_flat, tasks)
-    clip = acc.check_positive(clip, "clip")
-    delta = acc.check_delta(delta, num_units=tasks.n_tasks)
+    clip = check_positive(clip, "clip")
+    delta = check_delta(delta, num_units=tasks.n_tasks)
     if calibration not in CALIBRATIONS:
         raise ValueError(f"calibration must be one of {CALIBRATIONS}, got {calibration!r}")
     if (epsilon is None) == (noise_multiplier is None):
@@ -116,12 +117,12 @@ def run_private(key, tasks: TaskSet, learner, h0_flat: jax.Array, spec: engine.F
     sens = privacy.sensitivity_factor(privacy.native_relation(sampling)) * clip
     k = tasks.n_tasks
     if noise_multiplier is not None:
-        z = acc.check_positive(noise_multiplier, "noise_multiplier")
+        z = check_positive(noise_multiplier, "noise_multiplier")
     elif calibration == "theory":
         sigma, batch_size = privacy.theory_noise(epsilon, delta, k, steps, clip)
         z = sigma * batch_size / sens  # σ is on the mean gradient, the engine adds noise to the sum
     else:
-        epsilon = acc.check_epsilon(epsilon)
+        epsilon = check_epsilon(epsilon)
         z = privacy.calibrate_meta_sgd(epsilon, delta, k, int(batch_size), int(steps), sampling)
     noise_std = z * sens
     report = privacy.new_report(delta, sampling)

@@ -37,6 +37,7 @@ import math
 from dp_accounting import dp_event as dpe
 
 from jdp import accounting as acc
+from jdp.validation import check_delta, check_epsilon, check_positive
 
 SAMPLINGS = ("poisson", "fixed")
 MECHANISMS = ("poisson", "fixed", "tree")
@@ -113,8 +114,8 @@ def theory_noise(epsilon: float, delta: float, n_tasks: int, steps: int, grad_bo
     al. 2019, Thm 3.1), kept for comparison; jdp still reports the ε that dp_accounting gives for the
     mechanism actually run with this σ.
     """
-    epsilon, delta = acc.check_epsilon(epsilon), acc.check_delta(delta)
-    grad_bound = acc.check_positive(grad_bound, "grad_bound")
+    epsilon, delta = check_epsilon(epsilon), check_delta(delta)
+    grad_bound = check_positive(grad_bound, "grad_bound")
     _check_counts(n_tasks, 1, steps)
     sigma = math.sqrt(8.0 * steps * grad_bound ** 2 * math.log(1.0 / delta) / (n_tasks ** 2 * epsilon ** 2))
     m = max(int(round(n_tasks * math.sqrt(epsilon / (4.0 * steps)))), 1)
@@ -150,7 +151,7 @@ def add_release(report: acc.PrivacyReport, name: str, mechanism: str, noise_std:
                 n_tasks: int, batch_size: int, steps: int) -> acc.PrivacyReport:
     """Records one meta-training release from its noise std and clip C: native event and sensitivity, plus
     its restatements under add/remove and replace-one."""
-    noise_std, clip = acc.check_positive(noise_std, "noise_std"), acc.check_positive(clip, "clip")
+    noise_std, clip = check_positive(noise_std, "noise_std"), check_positive(clip, "clip")
     counts = dict(n_tasks=int(n_tasks), batch_size=int(batch_size), steps=int(steps))
     relation = native_relation(mechanism)
     sens = sensitivity_factor(relation) * clip

@@ -14,7 +14,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from jdp.accounting import PrivacyReport, Release, check_positive, gaussian_event
+from jdp.accounting import PrivacyReport, Release, gaussian_event
+from jdp.validation import check_positive
 from jdp.data.interactions import check_unique_pairs
 from jdp.multitask.weights import uniform_sampling_weights
 

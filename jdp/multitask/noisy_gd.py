@@ -31,7 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jdp.accounting import PrivacyReport, Release, check_positive
+from jdp.accounting import PrivacyReport, Release
+from jdp.validation import check_positive
 from jdp.data.interactions import check_unique_pairs
 from jdp.noise import clip_by_norm
 

@@ -31,7 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jdp.accounting import PrivacyReport, Release, check_positive, gaussian_event
+from jdp.accounting import PrivacyReport, Release, gaussian_event
+from jdp.validation import check_positive
 from jdp.data.interactions import check_unique_pairs
 from jdp.multitask import gram
 from jdp.noise import clip_by_norm

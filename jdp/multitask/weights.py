@@ -16,7 +16,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jdp.accounting import check_positive
+from jdp.validation import check_positive
 from jdp.data.interactions import check_unique_pairs
 
 # Per-user sums are float32 (relative error up to ~n·2⁻²⁴ for a user with n tasks): weights are scaled to

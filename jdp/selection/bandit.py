@@ -23,7 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jdp.accounting import REPLACE_ONE, PrivacyReport, check_epsilon, pure_dp_event
+from jdp.accounting import REPLACE_ONE, PrivacyReport, pure_dp_event
+from jdp.validation import check_epsilon
 from jdp.selection.registry import get_mechanism
 
 

@@ -84,7 +84,7 @@ def run(args) -> int:
     import jax
 
     from jdp import selection as S
-    from jdp.accounting import check_epsilon
+    from jdp.validation import check_epsilon
     if args.select_command == "list":
         rows = {n: m.description for n, m in S.PRIVATE_MECHANISMS.items()}
         rows.update({n: m.description for n, m in S.NONPRIVATE_REFERENCES.items()})

@@ -35,9 +35,10 @@ import jax.numpy as jnp
 import numpy as np
 from dp_accounting import dp_event as dpe
 
-from jdp.accounting import ADD_OR_REMOVE_ONE, PrivacyReport, Relation, check_epsilon, pure_dp_event
+from jdp.accounting import ADD_OR_REMOVE_ONE, PrivacyReport, Relation, pure_dp_event
+from jdp.validation import check_epsilon
 from jdp.selection import baselines, correlation, rnm
-from jdp.selection._checks import check_open_unit, check_scores, check_shapes, is_concrete
+from jdp.validation import check_open_unit, check_scores, check_shapes, is_concrete
 
 from jdp.selection import generalized_em as gem_mod
 from jdp.selection import random_stop as rs_mod

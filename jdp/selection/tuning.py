@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from jdp.accounting import PrivacyReport, check_epsilon, check_positive
+from jdp.accounting import PrivacyReport
+from jdp.validation import check_epsilon, check_positive
 from jdp.selection.registry import get_mechanism, select
 
 

@@ -33,6 +33,7 @@ import pathlib
 import numpy as np
 
 from jdp import accounting
+from jdp.validation import check_positive
 
 AMAZON_MAXLEN = 50
 MOVIELENS_MAXLEN = 200
@@ -142,7 +143,7 @@ def private_vocabulary(seqs: list[np.ndarray], item_catalogue, min_item_count: f
     from jdp.seqrec import reattention as ra  # jax-based; imported only for the private mode
 
     cat = _check_catalogue(item_catalogue)
-    accounting.check_positive(min_item_count, "min_item_count", allow_zero=True)
+    check_positive(min_item_count, "min_item_count", allow_zero=True)
     if int(max_items_per_user) < 1:
         raise ValueError(f"max_items_per_user must be >= 1, got {max_items_per_user}")
     counts = np.zeros(cat.size + 1)  # index 0: padding slot expected by private_item_counts

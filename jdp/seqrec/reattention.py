@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jdp import accounting
+from jdp.validation import check_positive
 
 _SQRT2 = math.sqrt(2.0)
 _GH_X, _GH_W = np.polynomial.hermite_e.hermegauss(20)  # probabilists' Hermite: weight exp(-x²/2)
@@ -125,11 +126,11 @@ def effective_variances(noise_multiplier: float, l2_clip: float, batch_size: flo
     `min_count` (noisy counts can be ≤ 0). emb_var_i = (σ C / (q c_i))², w_var = (σ C / B)².
     Padding row 0 gets variance 0 (its embedding is masked out).
     """
-    accounting.check_positive(noise_multiplier, "noise_multiplier", allow_zero=True)
-    accounting.check_positive(l2_clip, "l2_clip")
-    accounting.check_positive(batch_size, "batch_size")
-    accounting.check_positive(sampling_rate, "sampling_rate")
-    accounting.check_positive(min_count, "min_count")
+    check_positive(noise_multiplier, "noise_multiplier", allow_zero=True)
+    check_positive(l2_clip, "l2_clip")
+    check_positive(batch_size, "batch_size")
+    check_positive(sampling_rate, "sampling_rate")
+    check_positive(min_count, "min_count")
     counts = np.asarray(item_counts, np.float64)
     if counts.ndim != 1 or not np.isfinite(counts).all():
         raise ValueError("item_counts must be a finite 1-d array")
@@ -149,7 +150,7 @@ def private_item_counts(key: jax.Array, exact_counts: np.ndarray, max_items_per_
     `max_items_per_user` distinct items, so the L2 sensitivity is sqrt(max_items_per_user); noise std
     = noise_multiplier · sqrt(max_items_per_user). Index 0 (padding) is released as 0 (data-independent).
     """
-    accounting.check_positive(noise_multiplier, "noise_multiplier")
+    check_positive(noise_multiplier, "noise_multiplier")
     if max_items_per_user < 1:
         raise ValueError(f"max_items_per_user must be >= 1, got {max_items_per_user}")
     counts = np.asarray(exact_counts, np.float64)

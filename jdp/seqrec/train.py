@@ -34,6 +34,7 @@ from dp_accounting import dp_event as dpe
 from tqdm.auto import tqdm
 
 from jdp import accounting
+from jdp.validation import check_delta, check_epsilon, check_positive
 from jdp.clipping import METHODS as CLIPPING_METHODS
 from jdp.clipping.dp_sgd import dp_sgd, dp_sgd_event, poisson_indices
 from jdp.seqrec import reattention as ra
@@ -84,12 +85,12 @@ class TrainConfig:
 
     def validate(self) -> None:
         if self.epsilon is not None:
-            accounting.check_epsilon(self.epsilon)
-        accounting.check_delta(self.delta)
+            check_epsilon(self.epsilon)
+        check_delta(self.delta)
         for name in ("epochs", "lr", "l2_clip", "hist_noise_multiplier"):
-            accounting.check_positive(getattr(self, name), name)
-        accounting.check_positive(self.weight_decay, "weight_decay", allow_zero=True)
-        accounting.check_positive(self.error_scale, "error_scale", allow_zero=True)
+            check_positive(getattr(self, name), name)
+        check_positive(self.weight_decay, "weight_decay", allow_zero=True)
+        check_positive(self.error_scale, "error_scale", allow_zero=True)
         if not 0.0 <= self.warmup_frac < 1.0:
             raise ValueError(f"warmup_frac must be in [0, 1), got {self.warmup_frac}")
         for name in ("batch_size", "chunk_rows", "d", "heads", "blocks", "eval_chunk"):
@@ -134,7 +135,7 @@ def sampling_plan(data: SeqData, cfg: TrainConfig) -> tuple[int, float, int]:
         raise ValueError(f"n_users_public ({N}) must be >= the users in the data ({n_data})")
     if cfg.batch_size > N:
         raise ValueError(f"batch_size must be <= number of users ({N}), got {cfg.batch_size}")
-    accounting.check_delta(cfg.delta, num_units=N)
+    check_delta(cfg.delta, num_units=N)
     return N, cfg.batch_size / N, max(1, int(math.ceil(cfg.epochs * N / cfg.batch_size)))
 
 

@@ -129,7 +129,7 @@ def test_delta_at_or_above_one_over_n_is_refused_and_near_it_warned():
     import optax
 
     import jdp.clipping as jc
-    from jdp.accounting import check_delta
+    from jdp.validation import check_delta
     with pytest.raises(ValueError, match="1/n"):
         check_delta(0.1, num_units=10)
     with pytest.warns(UserWarning, match="1/\\(10 n\\)"):

@@ -13,7 +13,6 @@ from dp_accounting.rdp import rdp_privacy_accountant
 
 from jdp import accounting
 from jdp import meta as M
-from jdp.meta import privacy
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 KEY = jax.random.PRNGKey(0)

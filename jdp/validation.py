@@ -1,12 +1,61 @@
-"""Input validation for the selection mechanisms (host side; skipped for traced values under jit)."""
+"""Input validation shared by every routine: privacy parameters (ε, δ), positive scalars, (0, 1) values, and
+the selection mechanisms' score / sensitivity arrays (host side; skipped for traced values under jit).
+
+Each check raises a ValueError naming the argument and returns the validated value."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import jax
 import numpy as np
 
-from jdp.accounting import check_epsilon
+
+def check_epsilon(epsilon: float, name: str = "epsilon", allow_inf: bool = False) -> float:
+    """Returns epsilon as float; raises ValueError unless 0 < epsilon (< inf unless allowed)."""
+    try:
+        value = float(epsilon)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a positive number, got {epsilon!r}") from None
+    if math.isnan(value) or value <= 0 or (math.isinf(value) and not allow_inf):
+        raise ValueError(f"{name} must be a positive finite number, got {epsilon!r}")
+    return value
+
+
+def check_delta(delta: float, name: str = "delta", num_units: int | None = None) -> float:
+    """Returns delta as float; raises ValueError unless 0 < delta < 1.
+
+    With `num_units` (the number of protected units: examples, users, tasks) also refuses
+    delta >= 1/num_units — publishing one random unit's data in the clear is (0, 1/n)-DP, so such a
+    guarantee means nothing — and warns above 1/(10 num_units)."""
+    try:
+        value = float(delta)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be in (0, 1), got {delta!r}") from None
+    if not (0.0 < value < 1.0):
+        raise ValueError(f"{name} must be in (0, 1), got {delta!r}")
+    if num_units is not None and int(num_units) >= 1:
+        n = int(num_units)
+        if value >= 1.0 / n:
+            raise ValueError(f"{name} = {value:.3g} >= 1/n = {1.0 / n:.3g} for n = {n} protected units: a "
+                             f"mechanism that publishes one random unit's data in the clear meets that "
+                             f"guarantee. Use {name} well below 1/n (e.g. <= {0.1 / n:.2g}).")
+        if value > 0.1 / n:
+            warnings.warn(f"{name} = {value:.3g} is above 1/(10 n) = {0.1 / n:.3g} for n = {n} protected units; "
+                          f"the usual choice is {name} << 1/n", stacklevel=2)
+    return value
+
+
+def check_positive(value: float, name: str, allow_zero: bool = False) -> float:
+    """Returns value as float; raises ValueError unless finite and > 0 (or >= 0)."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a finite number, got {value!r}") from None
+    if not math.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} must be finite and {bound}, got {value!r}")
+    return v
 
 
 def is_concrete(*xs) -> bool:
