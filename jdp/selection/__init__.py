@@ -9,8 +9,9 @@ from jdp.selection.correlation import (pearson, recommend_mechanism_nonprivate, 
                                        weighted_correlation)
 from jdp.selection.generalized_em import combined_gem, gem, gem_scores, mgem
 from jdp.selection.random_stop import random_stopping
+from jdp.selection.batched import select
 from jdp.selection.registry import (NONPRIVATE_REFERENCES, PRIVATE_MECHANISMS, Mechanism, get_mechanism,
-                                    privacy_report, probabilities, select)
+                                    privacy_report, probabilities)
 from jdp.selection.tuning import select_configuration
 from jdp.selection.rnm import exponential_mechanism, permute_and_flip, rnm_exponential, rnm_gumbel, rnm_laplace
 

@@ -13,7 +13,8 @@ import numpy as np
 
 from jdp.accounting import PrivacyReport
 from jdp.validation import check_epsilon, check_positive
-from jdp.selection.registry import get_mechanism, select
+from jdp.selection.batched import select
+from jdp.selection.registry import get_mechanism
 
 
 def selection_event(epsilon: float, mechanism: str = "pf", monotone: bool = True):

@@ -69,10 +69,15 @@ def test_unresolvable_ranges_and_non_finite_inputs_are_rejected():
                     S.select(name, jax.random.key(0), bad_q, bad_d, 1.0)
 
 
-def test_select_rejects_traced_inputs_with_a_clear_message():
-    """Audit item 4 (dtype contract): select runs on concrete arrays only; under jit it says what to use."""
-    with pytest.raises(ValueError, match="concrete"):
-        jax.jit(lambda q: S.select("em", jax.random.key(0), q, np.ones(3), 1.0))(np.zeros((2, 3)))
+def test_select_under_jit_keeps_the_float64_sampler_or_refuses():
+    """Audit item 4 (dtype contract): traced inside the caller's jit, select never falls back to a float32
+    sampler — without x64 it refuses and says what to do; with x64 it is the eager float64 sampler."""
+    with pytest.raises(ValueError, match="x64"):
+        jax.jit(lambda q: S.select("em", jax.random.key(0), q, np.ones(3), 1.0))(np.zeros((2, 3), np.float32))
+    q = np.array([[0.0, -1.0, -3.0], [-2.0, 0.0, -0.5]])
+    with jax.enable_x64(True):
+        traced = jax.jit(lambda q: S.select("em", jax.random.key(0), q, np.ones(3), 1.0))(q)
+    np.testing.assert_array_equal(np.asarray(traced), np.asarray(S.select("em", jax.random.key(0), q, np.ones(3), 1.0)))
 
 
 # ----------------------------------------------------------------------------------------------------
