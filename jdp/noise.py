@@ -56,11 +56,24 @@ def symmetric_gaussian(key: jax.Array, batch_shape: tuple[int, ...], d: int, std
     """Symmetric d×d matrices with iid N(0, std²) upper triangle (incl. diagonal), mirrored below.
 
     For a symmetric statistic with Frobenius sensitivity Δ, releasing its upper triangle has L2
-    sensitivity ≤ Δ, so std = noise_multiplier·Δ gives the Gaussian mechanism on the matrix.
+    sensitivity ≤ Δ, so std = noise_multiplier·Δ gives the Gaussian mechanism on the matrix. Only the
+    d(d+1)/2 upper entries are drawn; one gather mirrors them (entries (i, j) and (j, i) read one draw).
     """
-    z = jax.random.normal(key, (*batch_shape, d, d), dtype)
-    upper = jnp.triu(z)
-    return std * (upper + jnp.swapaxes(jnp.triu(z, 1), -1, -2))
+    rows, cols = np.triu_indices(d)
+    pos = np.zeros((d, d), np.int32)
+    pos[rows, cols] = pos[cols, rows] = np.arange(rows.size)
+    z = jax.random.normal(key, (*batch_shape, rows.size), dtype)
+    return std * z[..., pos]
+
+
+def gaussian_histogram(key: jax.Array, counts, std: float):
+    """A private histogram release: every bin (zeros included) + iid N(0, std²), with std = noise multiplier
+    × the histogram's L2 sensitivity. jax counts stay on device in their dtype; numpy counts are released
+    in float64 on the host (standard normal draws in float32, scaled and added in float64)."""
+    if isinstance(counts, np.ndarray):
+        z = np.asarray(jax.random.normal(key, counts.shape, jnp.float32), np.float64)
+        return counts.astype(np.float64) + std * z
+    return add_gaussian(key, counts, std)
 
 
 def laplace(key: jax.Array, shape: tuple[int, ...], scale: float | jax.Array, dtype=jnp.float32) -> jax.Array:
@@ -92,5 +105,6 @@ def psd_project(a: jax.Array, floor: float = 0.0) -> jax.Array:
     return jnp.einsum("...ij,...j,...kj->...ik", v, w, v)
 
 
-__all__ = ["SEED_BITS", "add_gaussian", "add_gaussian_tree", "clip_by_norm", "exponential", "gaussian", "gumbel", "laplace",
+__all__ = ["SEED_BITS", "add_gaussian", "add_gaussian_tree", "clip_by_norm", "exponential", "gaussian",
+           "gaussian_histogram", "gumbel", "laplace",
            "psd_project", "resolve_seed", "seeded_key", "symmetric_gaussian"]

@@ -70,3 +70,16 @@ def test_popularity_buckets_and_sliced_rmse():
     assert out[0] == pytest.approx(1.0) and out[4] == pytest.approx(np.sqrt(2.0)) and np.isnan(out[2])
     with pytest.raises(ValueError, match="n_buckets"):
         metrics.popularity_buckets(counts, 11)
+
+
+def test_gaussian_histogram_is_the_one_histogram_release():
+    """noise.gaussian_histogram: every bin gets N(0, std²); numpy counts are released in float64 on the host,
+    jax counts on device in their dtype, and both draw the same standard normals from the same key."""
+    key = jax.random.key(3)
+    counts = np.arange(20_000, dtype=np.float64) % 7
+    host = noise.gaussian_histogram(key, counts, 2.5)
+    dev = noise.gaussian_histogram(key, jnp.asarray(counts, jnp.float32), 2.5)
+    assert isinstance(host, np.ndarray) and host.dtype == np.float64 and dev.dtype == jnp.float32
+    z = (host - counts) / 2.5
+    assert abs(z.mean()) < 4 / np.sqrt(z.size) and abs(z.std() - 1) < 0.03
+    np.testing.assert_allclose(np.asarray(dev, np.float64), host, atol=1e-5)

@@ -40,7 +40,6 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from jdp.accounting import ADD_OR_REMOVE_ONE, PrivacyReport, Release, calibrate
-from jdp.validation import check_delta, check_epsilon, check_positive
 from jdp.data import Interactions, check_unique_pairs
 from jdp.multitask import gram, noisy_gd
 from jdp.multitask.counts import count_releases, label_sum_releases, private_counts, private_mean
@@ -48,6 +47,7 @@ from jdp.multitask.noisy_gd import NoisyGDConfig, noisy_gd_releases
 from jdp.multitask.ssp import check_user_budget, solve_tasks, ssp_releases, task_mesh
 from jdp.multitask.weights import adaptive_weights, tail_sampling_weights, uniform_sampling_weights
 from jdp.noise import clip_by_norm, seeded_key
+from jdp.validation import check_delta, check_epsilon, check_positive
 
 RIDGE, NOISY_GD = "ridge", "noisy_gd"  # item update rules
 ALLOCATIONS = ("none", "uniform", "tail", "adaptive")  # how a user's budget k is spread over the user's ratings

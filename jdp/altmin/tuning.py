@@ -28,12 +28,12 @@ import dp_accounting
 import numpy as np
 
 from jdp.accounting import ADD_OR_REMOVE_ONE, PrivacyReport, calibrate
-from jdp.validation import check_delta, check_epsilon, check_positive
 from jdp.altmin.model import AltMinConfig, AltMinModel, candidate_event, fit
 from jdp.data import Interactions
 from jdp.noise import resolve_seed, seeded_key
-from jdp.validation import check_open_unit
 from jdp.selection.tuning import select_configuration, selection_event
+from jdp.validation import check_delta, check_epsilon, check_positive
+from jdp.validation import check_open_unit
 
 
 @dataclasses.dataclass

@@ -22,9 +22,10 @@ import numpy as np
 import optax
 from dp_accounting import dp_event as dpe
 
+from jdp import noise
 from jdp.accounting import ADD_OR_REMOVE_ONE, PrivacyReport, calibrate, compute_epsilon
-from jdp.validation import check_delta, check_epsilon, check_positive
 from jdp.clipping.engine import METHODS, clipped_grad
+from jdp.validation import check_delta, check_epsilon, check_positive
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -111,11 +112,8 @@ def dp_aggregate(noise_multiplier: float, sensitivity: float, expected_batch_siz
     def update_fn(updates, state, params=None):
         del params
         new_key, sub = jax.random.split(state.key)
-        leaves, treedef = jax.tree.flatten(updates)
-        keys = jax.random.split(sub, len(leaves))
-        noisy = [(g + sigma * S * jax.random.normal(k, jnp.shape(g), jnp.result_type(g))) / denom
-                 for g, k in zip(leaves, keys)]
-        return jax.tree.unflatten(treedef, noisy), DPAggregateState(new_key, state.count + 1)
+        noisy = jax.tree.map(lambda g: g / denom, noise.add_gaussian_tree(sub, updates, sigma * S))
+        return noisy, DPAggregateState(new_key, state.count + 1)
 
     return optax.GradientTransformation(init_fn, update_fn)
 

@@ -24,9 +24,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jdp.validation import check_positive
 from jdp.clipping import norms as _norms
 from jdp.clipping import taps as _taps
+from jdp.validation import check_positive
 
 METHODS = ("auto", "bk", "ghost", "ghost-two-pass", "vmap")
 DEFAULT_MEMORY_LIMIT = 32 << 20  # bytes per chunk of instantiated per-example gradients (cache-sized)

@@ -17,10 +17,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jdp.validation import check_positive
 from jdp.meta import engine
 from jdp.meta.meta_nsgd import MetaResult, run_private, stack_init
 from jdp.meta.tasks import TaskSet
+from jdp.validation import check_positive
 
 PyTree = Any
 

@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jdp import noise
+
 PyTree = Any
 
 
@@ -51,12 +53,6 @@ class FlatSpec:
         return jax.tree.unflatten(self.treedef, out)
 
 
-def clip_vector(g: jax.Array, clip: jax.Array) -> jax.Array:
-    """g scaled to L2 norm <= clip (clip = inf: unchanged)."""
-    norm = jnp.linalg.norm(g)
-    return g * jnp.minimum(1.0, clip / jnp.maximum(norm, 1e-12))
-
-
 def select_and_grad(learner, spec: FlatSpec, h: jax.Array, data: PyTree, mask: jax.Array, key: jax.Array,
                     clip: jax.Array) -> tuple[jax.Array, jax.Array]:
     """One task against q meta-models h [q, D] -> (chosen model index, clipped meta-gradient [D])."""
@@ -68,7 +64,7 @@ def select_and_grad(learner, spec: FlatSpec, h: jax.Array, data: PyTree, mask: j
     w, obj = jax.vmap(fit_one)(h, jax.random.split(key, h.shape[0]))
     a = jnp.argmin(obj)
     g = learner.lam * (h[a] - w[a])
-    return a, clip_vector(g, clip)
+    return a, noise.clip_by_norm(g, clip)  # clip = inf: unchanged
 
 
 def routed_sum(learner, spec, h, data, mask, keys, weights, clip) -> jax.Array:
@@ -137,10 +133,8 @@ def train(key, data: PyTree, mask: jax.Array, h0: jax.Array, *, learner, spec: F
         k_step, k_noise = jax.random.split(k)
         s, count = step_sum(h, k_step)
         denom = jnp.float32(m) if mean_over == "expected" else jnp.maximum(count, 1.0)
-        noisy = (s + noise_std * jax.random.normal(k_noise, (q, d))) / denom
-        h = h - meta_lr * noisy
-        norms = jnp.linalg.norm(h, axis=1, keepdims=True)
-        h = h * jnp.minimum(1.0, radius / jnp.maximum(norms, 1e-12))
+        noisy = noise.add_gaussian(k_noise, s, noise_std) / denom
+        h = noise.clip_by_norm(h - meta_lr * noisy, radius)  # projection onto the ball of radius `radius`
         return h, h_sum + h
 
     h, h_sum = jax.lax.fori_loop(0, steps, body, (h0, jnp.zeros_like(h0)))

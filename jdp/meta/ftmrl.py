@@ -22,10 +22,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jdp.validation import check_delta, check_epsilon, check_positive
+from jdp import noise
 from jdp.meta import engine, privacy
 from jdp.meta.meta_nsgd import OUTPUTS, MetaResult, check_fits, stack_init
 from jdp.meta.tasks import TaskSet
+from jdp.validation import check_delta, check_epsilon, check_positive
 
 PyTree = Any
 
@@ -46,7 +47,7 @@ def tree_prefix_noise(key, t, dim: int, std, depth: int) -> jax.Array:
     def node(j):
         k = jax.random.fold_in(jax.random.fold_in(key, j), t >> j)
         on = ((t >> j) & 1).astype(jnp.float32)
-        return on * jax.random.normal(k, (dim,))
+        return noise.gaussian(k, (dim,), on)
 
     return std * jnp.sum(jax.vmap(node)(jnp.arange(depth)), axis=0)
 

@@ -21,9 +21,9 @@ import jax
 import jax.numpy as jnp
 
 from jdp import accounting as acc
-from jdp.validation import check_delta, check_epsilon, check_positive
 from jdp.meta import engine, privacy
 from jdp.meta.tasks import TaskSet
+from jdp.validation import check_delta, check_epsilon, check_positive
 
 PyTree = Any
 OUTPUTS = ("average", "last")

@@ -15,9 +15,10 @@ import jax
 import jax.numpy as jnp
 
 from jdp.accounting import PrivacyReport, Release, gaussian_event
-from jdp.validation import check_positive
 from jdp.data.interactions import check_unique_pairs
 from jdp.multitask.weights import uniform_sampling_weights
+from jdp.noise import add_gaussian, gaussian_histogram
+from jdp.validation import check_positive
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +64,7 @@ def private_counts(key: jax.Array, user: jax.Array, item: jax.Array, n_items: in
     keep = uniform_sampling_weights(k_sample, user, count_sample)
     exact = jax.ops.segment_sum(keep, item, num_segments=n_items)
     (release,) = count_releases(count_sample, noise_multiplier, name)  # the noise drawn is the noise recorded
-    noisy = exact + release.noise_scale * jax.random.normal(k_noise, (n_items,))
+    noisy = gaussian_histogram(k_noise, exact, release.noise_scale)
     if report is not None:
         report.add_release(release)
     return PrivateCounts(jnp.maximum(noisy, 1.0), float(noise_multiplier), release.sensitivity)
@@ -89,8 +90,8 @@ def private_label_sum(key: jax.Array, user: jax.Array, label: jax.Array, label_b
     keep = uniform_sampling_weights(k_sample, user, count_sample)
     clipped = jnp.clip(label, -label_bound, label_bound)
     releases = label_sum_releases(label_bound, count_sample, noise_multiplier, name)  # drawn = recorded noise
-    total = jnp.sum(keep * clipped) + releases[0].noise_scale * jax.random.normal(k_sum)
-    count = jnp.sum(keep) + releases[1].noise_scale * jax.random.normal(k_cnt)
+    total = add_gaussian(k_sum, jnp.sum(keep * clipped), releases[0].noise_scale)
+    count = add_gaussian(k_cnt, jnp.sum(keep), releases[1].noise_scale)
     if report is not None:
         for r in releases:
             report.add_release(r)

@@ -32,9 +32,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jdp.accounting import PrivacyReport, Release
-from jdp.validation import check_positive
 from jdp.data.interactions import check_unique_pairs
-from jdp.noise import clip_by_norm
+from jdp.noise import add_gaussian, clip_by_norm
+from jdp.validation import check_positive
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,10 +89,9 @@ def _run(key, theta, task, user, x, y, w, n_tasks, n_users, steps, clip_norm, si
         user_sq = jax.ops.segment_sum(jnp.sum(g_obs**2, axis=1), user, num_segments=n_users)
         scale = in_batch * jnp.minimum(1.0, clip_norm / jnp.sqrt(jnp.maximum(user_sq, 1e-30)))
         g = jax.ops.segment_sum(scale[user][:, None] * g_obs, task, num_segments=n_tasks)
-        g = g + sigma * clip_norm * jax.random.normal(k_noise, g.shape, g.dtype)
+        g = add_gaussian(k_noise, g, sigma * clip_norm)
         theta = theta - lr * (g / expected_batch + lam * theta)
-        norms = jnp.linalg.norm(theta, axis=1, keepdims=True)
-        return theta * jnp.minimum(1.0, radius / jnp.maximum(norms, 1e-30)), None
+        return clip_by_norm(theta, radius), None  # projection onto the ball of radius `radius`
 
     theta, _ = jax.lax.scan(step, theta, jax.random.split(key, steps))
     return theta

@@ -32,10 +32,10 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jdp.accounting import PrivacyReport, Release, gaussian_event
-from jdp.validation import check_positive
 from jdp.data.interactions import check_unique_pairs
 from jdp.multitask import gram
-from jdp.noise import clip_by_norm
+from jdp.noise import clip_by_norm, gaussian, symmetric_gaussian
+from jdp.validation import check_positive
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,14 +72,9 @@ def record_ssp_releases(report: PrivacyReport, noise_multiplier: float, beta: fl
 
 def _task_noise(key, task_ids, d, std_a, std_b):
     """Symmetric Gram noise [t, d, d] and rhs noise [t, d], keyed by global task id."""
-    rows, cols = np.triu_indices(d)
-    pos = np.zeros((d, d), np.int32)  # entry (i, j) and (j, i) read the same upper-triangle draw
-    pos[rows, cols] = pos[cols, rows] = np.arange(rows.size)
-
     def one(t):
         ka, kb = jax.random.split(jax.random.fold_in(key, t))
-        z = jax.random.normal(ka, (rows.size,))  # the upper triangle only
-        return std_a * z[pos], std_b * jax.random.normal(kb, (d,))
+        return symmetric_gaussian(ka, (), d, std_a), gaussian(kb, (d,), std_b)
     return jax.vmap(one)(task_ids)
 
 

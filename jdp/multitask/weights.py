@@ -16,8 +16,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jdp.validation import check_positive
 from jdp.data.interactions import check_unique_pairs
+from jdp.validation import check_positive
 
 # Per-user sums are float32 (relative error up to ~n·2⁻²⁴ for a user with n tasks): weights are scaled to
 # (1 − 1e-3)·β so that the EXACT Σ_i w_ij² stays ≤ β, which is what the accountant assumes.

@@ -24,8 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jdp.accounting import REPLACE_ONE, PrivacyReport, pure_dp_event
-from jdp.validation import check_epsilon
+from jdp.noise import laplace
 from jdp.selection.registry import get_mechanism
+from jdp.validation import check_epsilon
 
 
 def hybrid_counter_noise(key: jax.Array, horizon: int, epsilon: float) -> np.ndarray:
@@ -34,7 +35,7 @@ def hybrid_counter_noise(key: jax.Array, horizon: int, epsilon: float) -> np.nda
     half = epsilon / 2.0
     j_max = max(1, math.ceil(math.log2(horizon + 1)))
     k_log, k_tree = jax.random.split(key)
-    log_noise = np.asarray(jax.random.laplace(k_log, (j_max + 1,))) / half  # one per interval (2^{i-1}, 2^i]
+    log_noise = np.asarray(laplace(k_log, (j_max + 1,), 1.0)) / half  # one per interval (2^{i-1}, 2^i]
     noise = np.zeros(horizon + 1)
     n = np.arange(1, horizon + 1)
     j = np.floor(np.log2(n)).astype(np.int64)  # n = 2^j + r, 0 <= r < 2^j
@@ -44,7 +45,7 @@ def hybrid_counter_noise(key: jax.Array, horizon: int, epsilon: float) -> np.nda
         sel = (j == jj) & (r > 0)
         if not sel.any():
             continue
-        lap = np.asarray(jax.random.laplace(jax.random.fold_in(k_tree, jj), (jj, 1 << jj))) * (jj / half)
+        lap = np.asarray(laplace(jax.random.fold_in(k_tree, jj), (jj, 1 << jj), 1.0)) * (jj / half)
         rr = r[sel]
         for i in range(jj):  # dyadic node (level i, index r >> i) when bit i of r is set
             noise[1:][sel] += np.where((rr >> i) & 1, lap[i, rr >> i], 0.0)

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jdp.noise import laplace
 from jdp.selection import exact
 
 _K_MAX = 2**30  # int32 guard; P[K > 2^30] = (1-γ)^(2^30) is 0 in float64 for γ >= 1e-7
@@ -78,7 +79,7 @@ def random_stopping(key: jax.Array, scores: jax.Array, sensitivities: jax.Array,
         done, key, best_v, best_i = state
         key, kc, kn = jax.random.split(key, 3)
         cand = jax.random.randint(kc, (block,), 0, k, dtype=jnp.int32)
-        vals = scores[cand] + scale[cand] * jax.random.laplace(kn, (block,), scores.dtype)
+        vals = scores[cand] + laplace(kn, (block,), scale[cand], scores.dtype)
         vals = jnp.where(done + jnp.arange(block) < n_draws, vals, -jnp.inf)
         j = jnp.argmax(vals)
         better = vals[j] > best_v
@@ -115,7 +116,7 @@ def random_stopping_batch(key: jax.Array, scores: jax.Array, sensitivities: jax.
         row = jnp.minimum(jnp.searchsorted(ends, pos, side="right"), n_rows - 1).astype(jnp.int32)
         cand = jax.random.randint(kc, (chunk,), 0, k, dtype=jnp.int32)
         flat = row * k + cand
-        vals = flat_q[flat] + flat_s[flat] * jax.random.laplace(kn, (chunk,), scores.dtype)
+        vals = flat_q[flat] + laplace(kn, (chunk,), flat_s[flat], scores.dtype)
         vals = jnp.where(pos < total, vals, -jnp.inf)
         seg_v = jax.ops.segment_max(vals, row, num_segments=n_rows, indices_are_sorted=True)
         hit = (vals == seg_v[row]) & (pos < total)
@@ -186,7 +187,7 @@ def random_stopping_poissonized(key: jax.Array, scores: jax.Array, sensitivities
     a0 = jax.random.randint(k_a0, rows, 0, k, dtype=jnp.int32)
     q0 = jnp.take_along_axis(q, a0[..., None], -1)[..., 0]
     s0 = jnp.take_along_axis(scale, a0[..., None], -1)[..., 0]
-    v0 = q0 + s0 * jax.random.laplace(k_lap, rows, q.dtype)
+    v0 = q0 + laplace(k_lap, rows, s0, q.dtype)
 
     u = jax.random.uniform(k_rest, q.shape, q.dtype, minval=jnp.finfo(q.dtype).tiny)
     w = jnp.log(u) * (-2.0 / rate)  # w = 2·(1 − F(x)) with E_a = −ln u; a draw exists iff w ≤ 2

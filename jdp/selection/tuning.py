@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from jdp.accounting import PrivacyReport
-from jdp.validation import check_epsilon, check_positive
 from jdp.selection.batched import select
 from jdp.selection.registry import get_mechanism
+from jdp.validation import check_epsilon, check_positive
 
 
 def selection_event(epsilon: float, mechanism: str = "pf", monotone: bool = True):

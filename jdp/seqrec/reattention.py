@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jdp import accounting
+from jdp.noise import gaussian_histogram
 from jdp.validation import check_positive
 
 _SQRT2 = math.sqrt(2.0)
@@ -157,9 +158,8 @@ def private_item_counts(key: jax.Array, exact_counts: np.ndarray, max_items_per_
     if counts.ndim != 1 or counts.size < 2 or not np.isfinite(counts).all():
         raise ValueError("exact_counts must be a finite 1-d array with a padding entry")
     sens = math.sqrt(max_items_per_user)
-    noise = np.asarray(jax.random.normal(key, counts.shape, jnp.float32), np.float64) * noise_multiplier * sens
     report.add_gaussian(name, sensitivity=sens, noise_std=noise_multiplier * sens)
-    out = counts + noise
+    out = gaussian_histogram(key, counts, noise_multiplier * sens)
     out[0] = 0.0
     return out
 

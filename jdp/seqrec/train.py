@@ -34,13 +34,13 @@ from dp_accounting import dp_event as dpe
 from tqdm.auto import tqdm
 
 from jdp import accounting
-from jdp.validation import check_delta, check_epsilon, check_positive
 from jdp.clipping import METHODS as CLIPPING_METHODS
 from jdp.clipping.dp_sgd import dp_sgd, dp_sgd_event, poisson_indices
 from jdp.seqrec import reattention as ra
 from jdp.seqrec.data import SeqData, item_presence
 from jdp.seqrec.evaluate import evaluate, make_rank_fn_reatt
 from jdp.seqrec.models import make_loss_fn, make_model
+from jdp.validation import check_delta, check_epsilon, check_positive
 
 
 # Shorter windows (compute only): every length up to 8, then steps of ~25%, so a user's window wastes
