@@ -13,6 +13,7 @@ whole sequence); neighbouring relation: add/remove one such row.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Callable, NamedTuple
 
@@ -262,16 +263,9 @@ class DPSGD:
 
 _poisson_jit = jax.jit(poisson_sample, static_argnums=(1, 2, 3))
 _keep_jit = jax.jit(poisson_keep, static_argnums=(1, 2))
-_JIT_CACHE: dict = {}
-
-
+@functools.lru_cache(maxsize=32)  # keyed on the frozen config's value: equal configs share one compiled step
 def _jitted(cfg: DPSGD, name: str):
-    key = (id(cfg), name)
-    hit = _JIT_CACHE.get(key)
-    if hit is None or hit[0] is not cfg:
-        hit = (cfg, jax.jit(getattr(cfg, name)))
-        _JIT_CACHE[key] = hit
-    return hit[1]
+    return jax.jit(getattr(cfg, name))
 
 
 def dp_sgd(loss_fn: Callable, optimizer: optax.GradientTransformation, *, num_examples: int,
