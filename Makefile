@@ -21,7 +21,11 @@ TEST_WORKERS := -n auto --maxprocesses 4 --dist loadfile
 test: $(VENV)/.installed
 	$(PY) -m pytest -q -m "not slow" -p no:cacheprovider --durations=25 $(TEST_WORKERS)
 
+# the slow tests alone (notebooks at tiny size, multi-device sharding, real-data CLI runs): CI runs them after `test`
+test-slow: $(VENV)/.installed
+	$(PY) -m pytest -q -m slow -p no:cacheprovider --durations=15 $(TEST_WORKERS)
+
 test-all: $(VENV)/.installed
 	$(PY) -m pytest -q -p no:cacheprovider $(TEST_WORKERS)
 
-.PHONY: install demo test test-all
+.PHONY: install demo test test-slow test-all

@@ -174,7 +174,8 @@ def test_mlp_all_methods():
 
 @pytest.mark.parametrize("cfg", [
     dict(vocab=30, dim=8, L=6, memory_limit=1 << 30, method="ghost", users=True),  # Phantom: lookup + ghosted attend
-    dict(vocab=10, dim=4, L=12, memory_limit=2000, method="auto", users=False),    # instantiated attend, chunked
+    pytest.param(dict(vocab=10, dim=4, L=12, memory_limit=2000, method="auto", users=False),  # instantiated, chunked
+                 marks=pytest.mark.slow),
 ])
 def test_tied_transformer(cfg):
     model = Transformer(vocab=cfg["vocab"], dim=cfg["dim"], max_len=cfg["L"], tied=True)
@@ -194,6 +195,7 @@ def test_tied_transformer(cfg):
     assert [r["method"] for r in plan[:-1] if r.get("layer") == "Embed"].count("attend") == 1
 
 
+@pytest.mark.slow
 def test_untied_transformer_two_pass():
     model = Transformer(tied=False)
     batch = seq_batch(4, 6, 30, seed=3)

@@ -7,6 +7,7 @@ import pytest
 from jdp import cli
 
 
+@pytest.mark.slow  # real data, two runs and a resume: CI runs it (make test-slow)
 def test_cli_seqrec_ml100k(tmp_path, datasets_dir, capsys):
     out = tmp_path / "run.json"
     ck = tmp_path / "ck.msgpack"

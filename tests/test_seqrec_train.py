@@ -145,6 +145,7 @@ def test_length_chunks_cover_every_user_once_in_a_window_that_fits():
     assert sum(n for _, _, n in chunks[:-1]) + chunks[-1][2] == 300
 
 
+@pytest.mark.slow  # CI runs it (make test-slow)
 def test_chunked_dp_sgd_sum_equals_one_full_window_batch():
     """The length layout only saves compute: the clipped sums of a sample laid out in short windows equal
     those of the same users in full-length windows (masked padding rows, right-anchored positions)."""

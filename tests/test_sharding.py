@@ -65,6 +65,7 @@ def four_devices(tmp_path_factory):
     return dict(np.load(out))
 
 
+@pytest.mark.slow  # a 4-device subprocess: CI runs it (make test-slow)
 @pytest.mark.parametrize("method", ["ada-dpals", "als"])
 def test_default_fit_on_four_devices_equals_one_shard(four_devices, method):
     v4, v1 = four_devices[method + "_default"], four_devices[method + "_1"]
@@ -72,6 +73,7 @@ def test_default_fit_on_four_devices_equals_one_shard(four_devices, method):
     np.testing.assert_allclose(v4, v1, rtol=2e-4, atol=2e-5)
 
 
+@pytest.mark.slow
 def test_task_weighted_ssp_four_shards_equals_one(four_devices):
     t1, t4 = four_devices["ssp_1"], four_devices["ssp_4"]
     assert np.abs(t1).max() > 0.1
