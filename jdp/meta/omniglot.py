@@ -39,8 +39,12 @@ class OmniglotData:
 
 
 def load_omniglot(root, splits=SPLITS, size: int = 28, invert: bool = False) -> OmniglotData:
-    """Loads every character folder under root/<split>/<alphabet>/<character>/ (sorted, deterministic)."""
-    from PIL import Image
+    """Loads every character folder under root/<split>/<alphabet>/<character>/ (sorted, deterministic).
+    Needs pillow (`pip install 'jdp[omniglot]'`)."""
+    try:
+        from PIL import Image
+    except ImportError:
+        raise ImportError("reading Omniglot needs pillow: pip install 'jdp[omniglot]'") from None
 
     root = pathlib.Path(root)
     if isinstance(splits, str):

@@ -1,1 +1,20 @@
-"""DPFormer: DP sequential recommendation (Transformer with Re-Attention, GRU/LSTM baselines)."""
+"""DPFormer: DP sequential recommendation (Transformer with Re-Attention, GRU/LSTM baselines).
+
+    from jdp import seqrec
+    data = seqrec.load("synthetic")                                   # or load("amazon-games", path=fetch(...))
+    result = seqrec.train(data, seqrec.TrainConfig(model="dpformer", epsilon=8.0), key)
+    print(result.privacy, result.metrics)
+
+Modules: `data` (readers, vocabulary, leave-last-out split), `models` (Transformer/DPFormer, GRU, LSTM),
+`reattention` (the Re-Attention correction and its private item histogram), `train` (DP-SGD through
+`jdp.clipping`, accounting, checkpoints), `evaluate` (full-ranking NDCG/HIT), `cli` (`jdp seqrec`).
+"""
+from jdp.seqrec.data import SeqData, leave_last_out, load, read_ratings, read_sasrec
+from jdp.seqrec.evaluate import evaluate, ndcg_hit_from_ranks
+from jdp.seqrec.models import MODELS, make_loss_fn, make_model
+from jdp.seqrec.reattention import private_item_counts
+from jdp.seqrec.train import TrainConfig, TrainResult, sampling_plan, train
+
+__all__ = ["MODELS", "SeqData", "TrainConfig", "TrainResult", "evaluate", "leave_last_out", "load", "make_loss_fn",
+           "make_model", "ndcg_hit_from_ranks", "private_item_counts", "read_ratings", "read_sasrec",
+           "sampling_plan", "train"]
