@@ -63,3 +63,22 @@ def test_real_ml100k(datasets_dir):
     assert d.user_counts().min() >= 20  # ml-100k: every user rated at least 20 movies
     assert set(np.unique(d.rating).tolist()) == {1.0, 2.0, 3.0, 4.0, 5.0}
     assert abs(float(d.rating.mean()) - 3.52986) < 1e-4
+
+
+def test_unusual_raw_ids_are_remapped_with_a_warning_and_the_scale_follows_the_format(tmp_path):
+    """Negative or huge raw ids are remapped (sorted order) and the reader says how many rows had them;
+    `jdp altmin --data movielens` takes the public rating scale from the format (u.data: 1-5) or
+    --rating-range, never from the ratings."""
+    import warnings
+
+    from jdp.altmin.cli import load_data
+    (tmp_path / "u.data").write_text("-5\t10\t4\t1\n100000000000\t10\t3\t2\n7\t20\t5\t3\n")
+    with pytest.warns(UserWarning, match="2 rows have user ids outside"):
+        data = load_movielens(tmp_path / "u.data")
+    assert list(data.user) == [0, 2, 1] and data.n_users == 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert load_data("movielens", str(tmp_path / "u.data"))[1] == (1.0, 5.0)
+        assert load_data("movielens", str(tmp_path), rating_range=(0.0, 10.0))[1] == (0.0, 10.0)
+    (tmp_path / "ratings.csv").write_text("userId,movieId,rating,timestamp\n1,2,3.5,4\n")
+    assert load_data("movielens", str(tmp_path / "ratings.csv"))[1] == (0.5, 5.0)

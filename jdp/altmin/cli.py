@@ -17,7 +17,8 @@ RATING_RANGES = {"ml-100k": (1.0, 5.0), "ml-1m": (1.0, 5.0), "ml-10m": (0.5, 5.0
 
 def load_data(name: str, path: str | None, data_seed: int = 0, n_users: int = 20_000, n_items: int = 2_000,
               nnz: int = 1_000_000, *, public_users: int | None = None, item_catalogue: str | None = None,
-              data_dir: str | None = None, sha256: str | None = None, progress: bool = True):
+              data_dir: str | None = None, sha256: str | None = None, progress: bool = True,
+              rating_range: tuple[float, float] | None = None):
     """`synthetic` (planted low-rank, Zipf popularity), `synthetic-movielens` (planted, calibrated to
     MovieLens: log-normal marginals, item / user biases), a named MovieLens dataset (`RATING_RANGES`:
     read from `path` if given, else downloaded on first use by `jdp.data.fetch` into `data_dir`), or
@@ -26,7 +27,9 @@ def load_data(name: str, path: str | None, data_seed: int = 0, n_users: int = 20
     Generated data have declared sizes (n_users, n_items). For MovieLens files the item catalogue is
     `item_catalogue` (u.item / movies.dat / movies.csv or its folder), else an item file next to the
     ratings when there is one, else the rated items (data-dependent); the user bound is
-    `public_users`, else the users in the file (data-dependent). Returns (data, rating range, notes),
+    `public_users`, else the users in the file (data-dependent). The rating scale is public: `rating_range`
+    when declared, else the named dataset's, else the file format's (u.data: 1–5, the ML-100K format; other
+    formats: the half-star scale 0.5–5, a superset of 1M's 1–5). Returns (data, rating range, notes),
     notes saying which sizes were NOT declared (added to the report's assumptions).
     """
     from jdp.data import fetch, load_movielens, load_movielens_items, planted_movielens, planted_powerlaw
@@ -38,11 +41,13 @@ def load_data(name: str, path: str | None, data_seed: int = 0, n_users: int = 20
             path = os.environ.get("JDP_ML100K")  # older name of --data-path for ML-100K, still honoured
         if not path:
             path = str(fetch(name, data_dir, progress, sha256=sha256))
-        rating_range = RATING_RANGES[name]
+        rating_range = rating_range or RATING_RANGES[name]
     elif name == "movielens":
         if not path:
             raise ValueError("--data movielens needs --data-path (u.data, ratings.dat, ratings.csv or their folder)")
-        rating_range = (0.5, 5.0)
+        p = pathlib.Path(path)
+        is_u_data = p.name == "u.data" or (p.is_dir() and (p / "u.data").is_file())
+        rating_range = rating_range or ((1.0, 5.0) if is_u_data else (0.5, 5.0))
     else:
         raise ValueError(f"unknown --data {name!r}")
     folder = pathlib.Path(path) if pathlib.Path(path).is_dir() else pathlib.Path(path).parent
@@ -86,6 +91,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--n-users", type=int, default=None,
                    help="MovieLens: public bound on the number of users (default: the users in the file, "
                         "data-dependent)")
+    p.add_argument("--rating-range", type=float, nargs=2, default=None, metavar=("LO", "HI"),
+                   help="the public rating scale (default: the dataset's, e.g. 1 5 for ml-100k / ml-1m)")
     p.add_argument("--item-catalogue", default=None,
                    help="MovieLens: public item catalogue (u.item, movies.dat, movies.csv or their folder; "
                         "default: one next to the ratings, else the rated items, data-dependent)")
@@ -101,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
     from jdp.altmin.experiment import rating_experiment
     data, rating_range, notes = load_data(args.data, args.data_path, args.data_seed, *args.synthetic_size,
                                           public_users=args.n_users, item_catalogue=args.item_catalogue,
-                                          data_dir=args.data_dir, sha256=args.data_sha256)
+                                          data_dir=args.data_dir, sha256=args.data_sha256,
+                                          rating_range=tuple(args.rating_range) if args.rating_range else None)
     private = Method.parse(args.method).private
     cfg = AltMinConfig(method=args.method, epsilon=args.epsilon if private else None,
                        delta=args.delta, mu=args.mu, dim=args.dim, steps=args.steps, budget=args.budget,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import warnings
 
 import numpy as np
 
@@ -28,9 +29,15 @@ _DIR_FILES = ("u.data", "ratings.dat", "ratings.csv")
 _COLUMNS = ("user", "item", "rating", "timestamp")
 
 
-def _remap(raw: np.ndarray) -> tuple[np.ndarray, int]:
-    """Contiguous 0-based ids in sorted order of the raw ids; O(n) via a presence table when dense."""
+def _remap(raw: np.ndarray, what: str = "ids", path=None) -> tuple[np.ndarray, int]:
+    """Contiguous 0-based ids in sorted order of the raw ids; O(n) via a presence table when dense. Ids
+    outside MovieLens' own range [1, 2³¹) (negative, zero or huge, e.g. hashed) are remapped too, with a
+    warning that says how many: such files are not what the reader was written for."""
     lo, hi = int(raw.min()), int(raw.max())
+    if lo < 1 or hi >= 2**31:
+        odd = int(np.count_nonzero((raw < 1) | (raw >= 2**31)))
+        warnings.warn(f"{path or 'ratings'}: {odd} rows have {what} outside [1, 2^31) (min {lo}, max {hi}); all "
+                      f"{what} are remapped to 0..n-1 in sorted order of the raw ids", stacklevel=3)
     span = hi - lo + 1
     if span <= max(1 << 24, 4 * raw.size):
         present = np.zeros(span, dtype=np.bool_)
@@ -128,13 +135,13 @@ def load_movielens(path: str | os.PathLike, *, n_users: int | None = None, item_
     df = _read_frame(path, _sniff(path))
     if len(df) == 0:
         raise ValueError(f"{path}: no ratings found")
-    user, n_present = _remap(df["user"].to_numpy())
+    user, n_present = _remap(df["user"].to_numpy(), "user ids", path)
     if n_users is None:
         n_users = n_present
     elif isinstance(n_users, (bool, np.bool_)) or not isinstance(n_users, (int, np.integer)) or n_users < n_present:
         raise ValueError(f"n_users must be an integer >= the {n_present} users in {path}, got {n_users!r}")
     if item_ids is None:
-        item, n_items = _remap(df["item"].to_numpy())
+        item, n_items = _remap(df["item"].to_numpy(), "item ids", path)
     else:
         item, n_items = _declared_items(df["item"].to_numpy(), item_ids, path)
     rating = df["rating"].to_numpy(dtype=np.float32)
