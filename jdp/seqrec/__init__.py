@@ -2,19 +2,21 @@
 
     from jdp import seqrec
     data = seqrec.load("synthetic")                                   # or load("amazon-games", path=fetch(...))
-    result = seqrec.train(data, seqrec.TrainConfig(model="dpformer", epsilon=8.0), key)
+    result = seqrec.train.train(data, seqrec.TrainConfig(model="dpformer", epsilon=8.0), key)
     print(result.privacy, result.metrics)
 
 Modules: `data` (readers, vocabulary, leave-last-out split), `models` (Transformer/DPFormer, GRU, LSTM),
 `reattention` (the Re-Attention correction and its private item histogram), `train` (DP-SGD through
-`jdp.clipping`, accounting, checkpoints), `evaluate` (full-ranking NDCG/HIT), `cli` (`jdp seqrec`).
+`jdp.clipping`, accounting, checkpoints), `evaluate` (full-ranking NDCG/HIT), `cli` (`jdp seqrec`). The
+functions `train.train` and `evaluate.evaluate` keep their modules' names, so they are not re-exported here.
 """
+from jdp.seqrec import data, evaluate, models, reattention, train
 from jdp.seqrec.data import SeqData, leave_last_out, load, read_ratings, read_sasrec
-from jdp.seqrec.evaluate import evaluate, ndcg_hit_from_ranks
+from jdp.seqrec.evaluate import ndcg_hit_from_ranks
 from jdp.seqrec.models import MODELS, make_loss_fn, make_model
 from jdp.seqrec.reattention import private_item_counts
-from jdp.seqrec.train import TrainConfig, TrainResult, sampling_plan, train
+from jdp.seqrec.train import TrainConfig, TrainResult, sampling_plan
 
-__all__ = ["MODELS", "SeqData", "TrainConfig", "TrainResult", "evaluate", "leave_last_out", "load", "make_loss_fn",
-           "make_model", "ndcg_hit_from_ranks", "private_item_counts", "read_ratings", "read_sasrec",
-           "sampling_plan", "train"]
+__all__ = ["MODELS", "SeqData", "TrainConfig", "TrainResult", "data", "evaluate", "leave_last_out", "load",
+           "make_loss_fn", "make_model", "models", "ndcg_hit_from_ranks", "private_item_counts", "read_ratings",
+           "read_sasrec", "reattention", "sampling_plan", "train"]

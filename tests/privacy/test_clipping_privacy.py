@@ -246,7 +246,7 @@ def test_nonfinite_unmasked_example_is_counted_and_contributes_nothing(method):
     """Audit item 9: an unmasked example whose loss or gradient is not finite is counted in
     num_nonfinite, gets factor 0 and norm inf, and grad_sum equals the result without it (never NaN,
     never above the sensitivity); per user its whole unit is dropped, other users are unaffected.
-    (Called eagerly, clipped_grad raises a ValueError instead: tests/test_clipping_engine.py.)"""
+    (Called eagerly, clipped_grad raises a ValueError instead: tests/clipping/test_engine.py.)"""
     params, batch = _case()
     for kind in KINDS:
         bad_batch = _poison(batch, [4], kind)

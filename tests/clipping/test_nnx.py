@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 import jdp.clipping as jc
-from test_clipping_engine import check, reference
+from clipping.test_engine import check, reference
 
 
 class CNN(nnx.Module):

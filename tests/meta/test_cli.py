@@ -8,7 +8,7 @@ from jdp.cli import main
 
 def test_meta_cli_runs_and_reports(tmp_path, capsys):
     out = tmp_path / "meta.json"
-    # shapes and learner as in test_meta_core (200 tasks x 10 points, d = 6, ridge, q = 3): shared jit cache
+    # shapes and learner as in tests/meta/test_meta_nsgd.py (200 tasks x 10 points, d = 6, ridge, q = 3): shared jit cache
     rc = main(["meta", "--algorithm", "clustering", "--setting", "multi-cluster", "--q", "3", "--n-tasks", "200",
                "--n-test-tasks", "200", "--n-test-points", "20", "--dim", "6", "--learner", "ridge", "--steps", "5",
                "--epsilon", "5", "--out", str(out), "--plot", str(tmp_path / "meta.png")])

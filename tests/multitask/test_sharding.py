@@ -17,7 +17,7 @@ import pytest
 
 from jdp.multitask.ssp import ridge_solve
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 SCRIPT = r"""
 import sys

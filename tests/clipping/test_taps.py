@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jdp.clipping as jc
-from test_clipping_engine import check, reference, run, setup
+from clipping.test_engine import check, reference, run, setup
 
 
 # ------------------------------------------------------------------------------------------ convolutions
