@@ -6,6 +6,9 @@ import pytest
 # Several fake CPU devices so sharded code paths are exercised on a CPU-only machine.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# CLI entry points turn on JAX's persistent compilation cache (jdp.cli.enable_compilation_cache); tests call
+# them in-process, so keep it off here: no writes to the user's cache, and test times that a fresh machine sees.
+os.environ.setdefault("JDP_COMPILATION_CACHE", "off")
 
 SHARED_DATASETS = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
 
