@@ -173,7 +173,8 @@ def test_mlp_all_methods():
 
 
 @pytest.mark.parametrize("cfg", [
-    dict(vocab=30, dim=8, L=6, memory_limit=1 << 30, method="ghost", users=True),  # Phantom: lookup + ghosted attend
+    pytest.param(dict(vocab=30, dim=8, L=6, memory_limit=1 << 30, method="ghost", users=True),  # Phantom
+                 marks=pytest.mark.slow),  # the tied DPFormer in tests/seqrec/test_train.py covers Phantom by default
     pytest.param(dict(vocab=10, dim=4, L=12, memory_limit=2000, method="auto", users=False),  # instantiated, chunked
                  marks=pytest.mark.slow),
 ])

@@ -74,6 +74,7 @@ def test_nonprivate_tuning_is_declared_in_benchmark_reports():
     assert math.isfinite(report.epsilon())
 
 
+@pytest.mark.slow  # CI runs it (make test-slow); tune_private's own accounting test stays in the default suite
 def test_fit_tune_private_reports_the_whole_tuning():
     """fit(tune='private') runs the public grid (defaults, ridge ×1/2 / ×4, budget ×1/2 / ×2) and one report
     holds every candidate and the choice, at most the requested ε."""

@@ -197,14 +197,15 @@ def test_bandit_learners_run_and_account():
 
 
 def test_select_composes_with_jit_and_vmap():
-    """`select` inside jax.jit equals its eager form (same key, same float64 sampler), under jax.vmap it follows
+    """`select` inside jax.jit equals its eager form (same key, same float64 sampler; one mechanism per batched
+    path), under jax.vmap it follows
     the exact output probabilities, invalid rows give -1 in the graph, and without x64 it refuses rather than
     sampling in float32."""
     q = np.random.default_rng(0).normal(size=(6, 40))
     d = np.full(40, 0.5)
     key = jax.random.key(0)
     with jax.enable_x64(True):
-        for name in ("em", "pf", "rnm-laplace", "gem", "combined-gem", "rs-geometric", "krr"):
+        for name in ("em", "gem", "rs-geometric"):  # the three batched paths: generic, GEM frontier, random stopping
             eager = np.asarray(S.select(name, key, q, d, 1.0))
             jitted = np.asarray(jax.jit(lambda k, s, n=name: S.select(n, k, s, d, 1.0))(key, jnp.asarray(q)))
             np.testing.assert_array_equal(jitted, eager, err_msg=name)
@@ -215,7 +216,7 @@ def test_select_composes_with_jit_and_vmap():
         # vmap over keys of one small problem: empirical frequencies match the exact probabilities
         small, sens = np.array([0.0, -1.0, -2.5, -0.3]), np.array([1.0, 0.5, 2.0, 1.0])
         n = 20_000
-        for name in ("em", "gem"):
+        for name in ("gem",):
             draws = np.asarray(jax.jit(jax.vmap(lambda k, n_=name: S.select(n_, k, small, sens, 1.5)))(
                 jax.random.split(jax.random.key(1), n)))
             freq = np.bincount(draws, minlength=4) / n

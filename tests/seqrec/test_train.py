@@ -44,7 +44,7 @@ def _assert_equals_naive_clipping(loss_fn, params, batch, method, clip=0.05):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
 
 
-@pytest.mark.parametrize("method", ["auto", "vmap"])
+@pytest.mark.parametrize("method", ["auto", pytest.param("vmap", marks=pytest.mark.slow)])
 def test_library_clipping_on_dpformer_equals_naive_per_example_clipping(method):
     d = _toy()
     model = models.make_model("dpformer", d.n_items, d.maxlen, d=8, heads=1, blocks=1, dropout=0.0)
