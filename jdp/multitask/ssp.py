@@ -49,8 +49,8 @@ class SSPNoise:
 def ssp_noise(noise_multiplier: float, beta: float, clip_x: float, clip_y: float, lam: float) -> SSPNoise:
     check_positive(noise_multiplier, "noise_multiplier")
     check_positive(beta, "beta")
-    s = noise_multiplier * math.sqrt(beta)
-    return SSPNoise(s * clip_x**2, s * clip_x * clip_y, check_positive(lam, "lam"))
+    a, b = ssp_releases(noise_multiplier, beta, clip_x, clip_y)  # the noise drawn is the noise recorded
+    return SSPNoise(a.noise_scale, b.noise_scale, check_positive(lam, "lam"))
 
 
 def ssp_releases(noise_multiplier: float, beta: float, clip_x: float, clip_y: float, count: int = 1,

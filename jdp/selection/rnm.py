@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jdp import noise
 from jdp.selection import exact
 
 
@@ -31,27 +32,27 @@ def noise_scale(sensitivities: jax.Array, epsilon, monotone: bool = False) -> ja
 
 
 def _report_noisy_max(sampler, key, scores, sensitivities, epsilon, monotone):
-    """argmax(q + b·Z) with Z drawn iid from `sampler` (one of jax.random's standard samplers)."""
+    """argmax(q + Z), Z iid from `sampler` (jdp.noise.exponential / gumbel / laplace) at scale b per candidate."""
     b = noise_scale(sensitivities, epsilon, monotone)
-    return jnp.argmax(scores + b * sampler(key, scores.shape, scores.dtype), axis=-1).astype(jnp.int32)
+    return jnp.argmax(scores + sampler(key, scores.shape, b, scores.dtype), axis=-1).astype(jnp.int32)
 
 
 def rnm_exponential(key: jax.Array, scores: jax.Array, sensitivities: jax.Array, epsilon,
                     monotone: bool = False) -> jax.Array:
     """ε-DP report-noisy-max with exponential noise; scores [..., k], sensitivities [k] or [..., k] -> int32 [...]."""
-    return _report_noisy_max(jax.random.exponential, key, scores, sensitivities, epsilon, monotone)
+    return _report_noisy_max(noise.exponential, key, scores, sensitivities, epsilon, monotone)
 
 
 def rnm_gumbel(key: jax.Array, scores: jax.Array, sensitivities: jax.Array, epsilon,
                monotone: bool = False) -> jax.Array:
     """ε-DP report-noisy-max with Gumbel noise (= exponential mechanism); [k] -> int32 index."""
-    return _report_noisy_max(jax.random.gumbel, key, scores, sensitivities, epsilon, monotone)
+    return _report_noisy_max(noise.gumbel, key, scores, sensitivities, epsilon, monotone)
 
 
 def rnm_laplace(key: jax.Array, scores: jax.Array, sensitivities: jax.Array, epsilon,
                 monotone: bool = False) -> jax.Array:
     """ε-DP report-noisy-max with Laplace noise; [k] -> int32 index."""
-    return _report_noisy_max(jax.random.laplace, key, scores, sensitivities, epsilon, monotone)
+    return _report_noisy_max(noise.laplace, key, scores, sensitivities, epsilon, monotone)
 
 
 def sample_softmax(key: jax.Array, logits: jax.Array) -> jax.Array:
