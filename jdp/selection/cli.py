@@ -158,7 +158,6 @@ def register(subparsers) -> None:
 
     def common(sp, data=True):
         sp.add_argument("--out", default=None, help="write JSON here (default: stdout)")
-        sp.add_argument("--plot", default=None, help="PNG (run: selections per candidate; curves: MSE against ε)")
         if data:  # `run` draws noise (--seed); every command with data draws synthetic problems (--data-seed)
             add_seed_arguments(sp)
         else:
@@ -179,6 +178,7 @@ def register(subparsers) -> None:
                    help="rows read the same units' data: compose B selections sequentially")
     r.add_argument("--max-print", type=int, default=1000)
     common(r)
+    r.add_argument("--plot", default=None, help="PNG: how often each candidate was selected")
     c = sub.add_parser("curves", help="noise-free MSE vs ε curves on a synthetic scenario")
     c.add_argument("--scenario", default="bimodal-positive")
     c.add_argument("--k", type=int, default=100)
@@ -187,5 +187,6 @@ def register(subparsers) -> None:
     c.add_argument("--epsilons", type=float, nargs="+", default=[0.1, 1.0, 10.0])
     c.add_argument("--mechanisms", nargs="+", default=None)
     common(c, data=False)
+    c.add_argument("--plot", default=None, help="PNG: expected squared error against ε per mechanism")
     common(sub.add_parser("recommend", help="NON-PRIVATE: suggest a mechanism from score/sensitivity correlation"))
     p.set_defaults(func=run)
