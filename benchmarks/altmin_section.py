@@ -10,6 +10,11 @@ RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 OUT = pathlib.Path(__file__).resolve().parent / "sections" / "altmin.md"
 
 
+
+def _figure(name: str, alt: str) -> list[str]:
+    """Markdown lines showing results/<name> when the benchmark wrote that PNG (none otherwise)."""
+    return ["", f"![{alt}](results/{name})"] if (RESULTS / name).exists() else []
+
 def _load(name):
     for suffix in ("", "_partial"):
         p = RESULTS / f"{name}{suffix}.json"
@@ -60,10 +65,7 @@ def _sweep_table() -> list[str]:
         by = {s["reg_scale"]: s for s in summary if s["method"] == method and s["mu"] == mu}
         cells = [f"{by[x]['rmse_test_mean']:.4f} ({by[x]['sliced_rmse_test_mean'][3]:.3f})" if x in by else "-" for x in scales]
         lines.append(f"| {method} | {'-' if mu is None else f'{mu:g}'} | " + " | ".join(cells) + " |")
-    png = RESULTS / "altmin_quality_ml10m_synth_reg.png"
-    if png.exists():
-        lines += ["", f"![ridge sweep](results/{png.name})"]
-    return lines + [""]
+    return lines + _figure("altmin_quality_ml10m_synth_reg.png", "ridge sweep") + [""]
 
 
 def _defaults_table(part: str, title: str) -> list[str]:
@@ -118,10 +120,7 @@ def _defaults_table(part: str, title: str) -> list[str]:
             tail = gain(np.mean(a["sliced_rmse_test_mean"][:2]), np.mean(b["sliced_rmse_test_mean"][:2]))
             cells.append(f"{gain(a['rmse_test_mean'], b['rmse_test_mean']):+.2f}% / {tail:+.2f}%")
         lines.append(f"| {ada} vs {base} | " + " | ".join(cells) + " |")
-    png = RESULTS / f"altmin_quality_{part}_defaults.png"
-    if png.exists():
-        lines += ["", f"![defaults vs epsilon](results/{png.name})"]
-    return lines + [""]
+    return lines + _figure(f"altmin_quality_{part}_defaults.png", "defaults vs epsilon") + [""]
 
 
 def _by_epsilon_table(res: dict, part: str, suffix: str) -> list[str]:
@@ -144,10 +143,7 @@ def _by_epsilon_table(res: dict, part: str, suffix: str) -> list[str]:
         cells = [f"{m:.4f} ± {sd:.4f} [{t:.3f}] ({rs})" if e in by_eps else "" for e in eps_all
                  for (_, m, sd, t, rs) in [by_eps.get(e, (0, 0, 0, 0, ""))]]
         lines.append(f"| {method} | {'-' if mu is None else f'{mu:.3g}'} | " + " | ".join(cells) + " |")
-    png = RESULTS / f"altmin_quality_{part}.png"
-    if png.exists():
-        lines += ["", f"![sliced RMSE](results/{png.name})"]
-    return lines + [""]
+    return lines + _figure(f"altmin_quality_{part}.png", "sliced RMSE") + [""]
 
 
 def _appendix_c_table(res: dict, suffix: str) -> list[str]:
@@ -171,10 +167,7 @@ def _appendix_c_table(res: dict, suffix: str) -> list[str]:
     for (data, counts, eps), by_mu in rows.items():
         cells = [f"{by_mu[m][0]:.4f} ({by_mu[m][1]:.3f})" if m in by_mu else "-" for m in mus]
         lines.append(f"| {data} | {counts or '-'} | {eps:g} | " + " | ".join(cells) + " |")
-    png = RESULTS / "altmin_quality_appendix_c.png"
-    if png.exists():
-        lines += ["", f"![sliced RMSE](results/{png.name})"]
-    return lines + [""]
+    return lines + _figure("altmin_quality_appendix_c.png", "sliced RMSE") + [""]
 
 
 def render() -> str:
@@ -270,9 +263,7 @@ def render() -> str:
             mu_s = "-" if mu is None else f"{mu:.3g}"
             lines.append(f"| {data} | {counts or '-'} | {eps if eps is not None else 'non-private'} | {method} | {mu_s} | {n} | "
                          f"{mean:.4f} ± {std:.4f} | {tail:.4f} | {head:.4f} | {rs if rs is not None else '-'} |")
-        png = RESULTS / f"altmin_quality_{part}.png"
-        if png.exists():
-            lines += ["", f"![sliced RMSE](results/{png.name})"]
+        lines += _figure(f"altmin_quality_{part}.png", "sliced RMSE")
         lines.append("")
         if part == "ml10m_synth":
             lines += _sweep_table()
