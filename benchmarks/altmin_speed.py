@@ -2,10 +2,10 @@
 
 Everything is measured in one process, side by side: the dense-matmul throughput of this device
 (the yardstick), the bucketed Gram build, the plain per-observation segment_sum baseline, and a full
-AdaDPALS step (exact user solves for all users + private item update: Gram, noise, ridge solve), with
-the item solve of `jdp` (Cholesky, adaptive ridge) and, for `--eigh-dims`, the PSD projection by
-eigendecomposition it replaced; plus where the step's time goes (user Gram, user solves, item Gram,
-Gram noise, item solve).
+AdaDPALS step as `jdp.altmin.fit` runs it (exact user solves for all users with their biases, then the
+private item update on features [clip(u), γ₀]: Gram, noise, adaptive ridge solve), beside the same step
+written the simple way it was before (the class Grams concatenated into one [tasks, d+1, d+1] array, per-task
+noise drawn inside a vmap, one batched solve); plus where the step's time goes.
 
     PYTHONPATH=. python -m benchmarks.altmin_speed            # ML-20M size, d = 64 and 128
     PYTHONPATH=. python -m benchmarks.altmin_speed --quick    # small smoke run
@@ -20,14 +20,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.altmin_solver import psd_eigh_solve
 from benchmarks.common import write_results
 from jdp.altmin.model import UserSolver
 from jdp.data import planted_powerlaw
-from jdp.multitask import gram, ssp
-from jdp.multitask.ssp import _task_noise, ridge_solve, solve_tasks
+from jdp.multitask import gram
+from jdp.multitask.ssp import _task_ridge, ridge_solve, solve_tasks
 from jdp.multitask.weights import adaptive_weights
-from jdp.noise import clip_by_norm
+from jdp.noise import clip_by_norm, keyed_gram_noise, symmetric_gaussian
 
 
 def timed(fn, repeats=3):
@@ -46,12 +45,24 @@ def dense_gflops(n=4096):
     return 2 * n**3 / timed(lambda: f(a)) / 1e9
 
 
+def simple_item_update(feats, classes, stack_index, global_task, key, std_a, std_b, lam):
+    """The item update written the simple way (how jdp ran it before): every class Gram concatenated into one
+    [tasks, d, d] array in slot order, per-task noise drawn inside a vmap, one batched adaptive solve."""
+    a, b = gram.shard_gram(feats, classes, stack_index)
+    d = feats.shape[1]
+
+    def one(t):
+        ka, kb = jax.random.split(jax.random.fold_in(key, t))
+        return symmetric_gaussian(ka, (), d, std_a), std_b * jax.random.normal(kb, (d,))
+    na, nb = jax.vmap(one)(global_task)
+    a, b = a + na, b + nb
+    return ridge_solve(a, b, _task_ridge(a, lam, jnp.asarray([0.0, 0.0, 0.0, 1.0, 0.0])), adaptive=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--dims", type=int, nargs="+", default=[64, 128])
-    ap.add_argument("--eigh-dims", type=int, nargs="*", default=[64],
-                    help="dims at which to time the step with the replaced eigh solve too (it is slow)")
     ap.add_argument("--baseline-ratings", type=int, default=1_000_000,
                     help="segment_sum baseline runs on this many ratings (it is slow); GFLOP/s are comparable")
     args = ap.parse_args()
@@ -69,72 +80,78 @@ def main():
     t = time.perf_counter()
     plan = gram.build_plan(data.item, data.user, w, data.n_items)
     plan_seconds = time.perf_counter() - t
-    classes, stack_index = gram.device_arrays(plan, plan.slot_values(np.clip(data.rating - 3.5, -2.25, 2.25)))
+    labels = plan.slot_values(np.clip(data.rating - 3.5, -2.25, 2.25))
+    classes, stack_index = gram.device_arrays(plan, labels)
+    tasks = gram.class_tasks(plan)
+    one_shard = tuple((s[0], q[0], y[0]) for s, q, y in classes)
     rows = []
     peak = dense_gflops()
     print(f"dense matmul: {peak:.1f} GFLOP/s; item plan built in {plan_seconds:.1f}s, padding x{plan.padded_rows / data.nnz:.3f}")
     for d in args.dims:
+        # item-update features as fit() builds them: [clip(u_j, 1), γ₀ = 1] (d + 1 columns)
         u = clip_by_norm(jax.random.normal(jax.random.key(1), (data.n_users, d)) / math.sqrt(d), 1.0)
+        feats = jnp.concatenate([u, jnp.ones((data.n_users, 1))], axis=1)
         v = np.asarray(jax.random.normal(jax.random.key(2), (data.n_items, d)) / math.sqrt(d))
-        flops = 2 * data.nnz * d * d
-        gram_fn = jax.jit(lambda f: gram.shard_gram(f, tuple((s[0], q[0], y[0]) for s, q, y in classes), stack_index[0]))
-        t_gram = timed(lambda: gram_fn(u))
+        c = np.zeros(data.n_items, np.float32)
+        flops = 2 * data.nnz * (d + 1) ** 2
+        gram_fn = jax.jit(lambda f: [gram.class_gram(f, *cl) for cl in one_shard])
+        t_gram = timed(lambda: gram_fn(feats))
         # plain baseline on a prefix of the ratings
         nb = min(args.baseline_ratings, data.nnz)
-        base = lambda: gram.segment_sum_gram(u, jnp.asarray(data.item[:nb]), jnp.asarray(data.user[:nb]),  # noqa: E731
+        base = lambda: gram.segment_sum_gram(feats, jnp.asarray(data.item[:nb]), jnp.asarray(data.user[:nb]),  # noqa: E731
                                              jnp.asarray(w[:nb]), jnp.asarray(data.rating[:nb]), data.n_items)
         t_base = timed(base, repeats=1)
-        # full AdaDPALS step: user solves + private item update
-        gt = jnp.asarray(plan.global_task)
         std_a, std_b = 80.0, 180.0
-        lam = 2.0 * 2 * math.sqrt(d) * std_a  # fit()'s default item ridge (reg_scale 2)
+        lam = 2.0 * 2 * math.sqrt(d + 1) * std_a  # fit()'s default item ridge scale (reg_scale 2)
 
         t = time.perf_counter()
-        users = UserSolver(data, 3.5, 1.0)  # layout built once per run, like the item plan
+        users = UserSolver(data, 1.0, 5.0)  # layout built once per run, like the item plan
         user_plan_seconds = time.perf_counter() - t
 
-        def step():
-            uu = clip_by_norm(users(v), 1.0)
-            return solve_tasks(uu, classes, stack_index, gt, jax.random.key(3), std_a, std_b, lam, mesh=None, noisy=True)
+        def user_features():
+            solved = users(v, c, 3.5)
+            return jnp.concatenate([clip_by_norm(jnp.asarray(solved.factors), 1.0), jnp.ones((data.n_users, 1))], axis=1)
 
+        def step():
+            return solve_tasks(user_features(), classes, tasks, stack_index, jax.random.key(3), std_a, std_b, lam,
+                               mesh=None, noisy=True)
+
+        simple = jax.jit(lambda f, k: simple_item_update(f, one_shard, stack_index[0], jnp.asarray(plan.global_task[0]),
+                                                         k, std_a, std_b, lam))
         t_step = timed(step, repeats=2)
-        t_users = timed(lambda: users(v), repeats=2)
-        t_step_eigh = None
-        if d in args.eigh_dims:  # the same step with the replaced solver, measured in the same run
-            ssp.ridge_solve = psd_eigh_solve
-            jax.clear_caches()
-            t_step_eigh = timed(step, repeats=1)
-            ssp.ridge_solve = ridge_solve
-            jax.clear_caches()
-        # where the step goes
-        # user Grams block by block as UserSolver builds them, reduced to a scalar so they are not kept
+        t_step_simple = timed(lambda: simple(user_features(), jax.random.key(3)), repeats=2)
+        t_users = timed(user_features, repeats=2)
+        # where the step goes: user Grams block by block as UserSolver builds them (reduced to a scalar so
+        # they are not kept), the rest of the user solves, the item Gram, its noise, the item solve
+        vb = jnp.concatenate([jnp.asarray(v), jnp.full((data.n_items, 1), users.bias_column)], axis=1)
         user_gram = jax.jit(lambda f: jax.lax.map(
-            lambda cs: sum(jnp.sum(x) for x in gram.shard_gram(f, cs[0], cs[1])), (users.classes, users.stack_index)))
-        t_user_gram = timed(lambda: user_gram(jnp.asarray(v)), repeats=2)
-        t_user_solve = max(t_users - t_user_gram, 0.0)  # the rest of the user solves: Cholesky + substitution
-        noise = jax.jit(lambda k: _task_noise(k, gt[0], d, std_a, std_b))
+            lambda cs: sum(jnp.sum(a) for cl in cs for a in gram.class_gram(f, *cl)), users.classes))
+        t_user_gram = timed(lambda: user_gram(vb), repeats=2)
+        all_tasks = jnp.concatenate([t[0] for t in tasks])
+        noise = jax.jit(lambda k: keyed_gram_noise(k, all_tasks, d + 1, std_a, std_b))
         t_noise = timed(lambda: noise(jax.random.key(4)), repeats=2)
-        ia, ib = gram_fn(u)
-        noise_a, noise_b = noise(jax.random.key(4))
+        # one batched solve of every item's Gram, as solve_tasks runs it
         item_solve = jax.jit(lambda a, b: ridge_solve(a, b, lam, adaptive=True))
-        t_item_solve = timed(lambda: item_solve(ia + noise_a, ib + noise_b), repeats=2)
-        del ia, ib, noise_a, noise_b
+        grams = gram_fn(feats)
+        a_all, b_all = jnp.concatenate([g[0] for g in grams]), jnp.concatenate([g[1] for g in grams])
+        del grams
+        t_item_solve = timed(lambda: item_solve(a_all, b_all), repeats=2)
         row = {
             "d": d, "n_users": data.n_users, "n_items": data.n_items, "nnz": data.nnz,
             "dense_matmul_gflops": peak,
             "gram_seconds": t_gram, "gram_gflops": flops / t_gram / 1e9, "gram_fraction_of_dense": flops / t_gram / 1e9 / peak,
             "segment_sum_ratings": nb, "segment_sum_seconds": t_base,
-            "segment_sum_gflops": 2 * nb * d * d / t_base / 1e9,
-            "segment_sum_fraction_of_dense": 2 * nb * d * d / t_base / 1e9 / peak,
+            "segment_sum_gflops": 2 * nb * (d + 1) ** 2 / t_base / 1e9,
+            "segment_sum_fraction_of_dense": 2 * nb * (d + 1) ** 2 / t_base / 1e9 / peak,
             "speedup_vs_segment_sum": (t_base / nb) / (t_gram / data.nnz),
-            "adadpals_step_seconds": t_step, "user_solve_seconds": t_users,
-            "adadpals_step_seconds_eigh_psd": t_step_eigh, "item_ridge": lam, "gram_noise_std": std_a,
-            "breakdown_seconds": {"user_gram": t_user_gram, "user_cholesky_solve": t_user_solve, "item_gram": t_gram,
-                                  "item_gram_noise": t_noise, "item_cholesky_adaptive_solve": t_item_solve},
+            "adadpals_step_seconds": t_step, "adadpals_step_seconds_simple": t_step_simple, "user_solve_seconds": t_users,
+            "item_ridge": lam, "gram_noise_std": std_a,
+            "breakdown_seconds": {"user_gram": t_user_gram, "user_cholesky_solve": max(t_users - t_user_gram, 0.0),
+                                  "item_gram": t_gram, "item_gram_noise": t_noise, "item_cholesky_adaptive_solve": t_item_solve},
             "item_plan_seconds_once": plan_seconds, "user_plan_seconds_once": user_plan_seconds, "padding_factor": plan.padded_rows / data.nnz,
         }
         rows.append(row)
-        print({k: (round(x, 4) if isinstance(x, float) else x) for k, x in row.items()})
+        print({k: (round(x, 4) if isinstance(x, float) else x) for k, x in row.items()}, flush=True)
     path = write_results("altmin_speed" + ("_quick" if args.quick else ""), rows,
                          command="python -m benchmarks.altmin_speed" + (" --quick" if args.quick else ""))
     print(f"wrote {path}")

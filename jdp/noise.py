@@ -59,11 +59,28 @@ def symmetric_gaussian(key: jax.Array, batch_shape: tuple[int, ...], d: int, std
     sensitivity ≤ Δ, so std = noise_multiplier·Δ gives the Gaussian mechanism on the matrix. Only the
     d(d+1)/2 upper entries are drawn; one gather mirrors them (entries (i, j) and (j, i) read one draw).
     """
+    z = jax.random.normal(key, (*batch_shape, d * (d + 1) // 2), dtype)
+    return std * _mirror_upper(z, d)
+
+
+def _mirror_upper(z: jax.Array, d: int) -> jax.Array:
+    """[..., d(d+1)/2] upper-triangle entries (row-major, diagonal included) -> symmetric [..., d, d]."""
     rows, cols = np.triu_indices(d)
     pos = np.zeros((d, d), np.int32)
     pos[rows, cols] = pos[cols, rows] = np.arange(rows.size)
-    z = jax.random.normal(key, (*batch_shape, rows.size), dtype)
-    return std * z[..., pos]
+    return jnp.take(z, jnp.asarray(pos.ravel()), axis=-1).reshape(*z.shape[:-1], d, d)
+
+
+def keyed_gram_noise(key: jax.Array, ids: jax.Array, d: int, std_a: float | jax.Array, std_b: float | jax.Array,
+                     dtype=jnp.float32) -> tuple[jax.Array, jax.Array]:
+    """Noise for a batch of released statistics (A_t symmetric d×d, b_t ∈ R^d), one per id in `ids` [t]:
+    `symmetric_gaussian` with std_a for A_t and iid N(0, std_b²) for b_t, drawn from the stream
+    fold_in(key, id) of each id. The values depend on the id only, never on how ids are batched, ordered
+    or sharded (so a sharded run equals an unsharded one). One draw of d(d+1)/2 + d normals per id; the
+    mirroring gather runs once on the whole batch (inside the per-id map it is several times slower)."""
+    m = d * (d + 1) // 2
+    z = jax.vmap(lambda i: jax.random.normal(jax.random.fold_in(key, i), (m + d,), dtype))(ids)
+    return std_a * _mirror_upper(z[:, :m], d), std_b * z[:, m:]
 
 
 def gaussian_histogram(key: jax.Array, counts, std: float):
@@ -106,5 +123,5 @@ def psd_project(a: jax.Array, floor: float = 0.0) -> jax.Array:
 
 
 __all__ = ["SEED_BITS", "add_gaussian", "add_gaussian_tree", "clip_by_norm", "exponential", "gaussian",
-           "gaussian_histogram", "gumbel", "laplace",
+           "gaussian_histogram", "gumbel", "keyed_gram_noise", "laplace",
            "psd_project", "resolve_seed", "seeded_key", "symmetric_gaussian"]

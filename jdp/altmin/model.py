@@ -290,8 +290,8 @@ class UserSolver:
         n_blocks = max(1, -(-data.n_users // USERS_PER_BLOCK))
         plan = gram.build_plan(data.user, data.item, None, data.n_users, n_shards=n_blocks)
         self.classes, self.stack_index = gram.device_arrays(plan)
-        self.obs_index = gram.observation_index(plan)
-        self.global_task, self.flat_index = jnp.asarray(plan.global_task), jnp.asarray(plan.flat_index)
+        self.obs_index, self.class_tasks = gram.observation_index(plan), gram.class_tasks(plan)
+        self.flat_index = jnp.asarray(plan.flat_index)
         self.item, self.rating = jnp.asarray(data.item), jnp.asarray(data.rating, jnp.float32)
         self.user_reg = float(user_reg)
         self.bias_column = None if user_bias_reg is None else math.sqrt(user_reg / user_bias_reg)
@@ -313,7 +313,7 @@ class UserSolver:
             v = jnp.concatenate([v, jnp.full((v.shape[0], 1), self.bias_column, jnp.float32)], axis=1)
         resid = self.rating - mean - jnp.asarray(item_bias, jnp.float32)[self.item]
         classes = gram.with_labels(self.classes, self.obs_index, resid)
-        coef = solve_tasks(v, classes, self.stack_index, self.global_task, jax.random.key(0), 0.0, 0.0,
+        coef = solve_tasks(v, classes, self.class_tasks, self.stack_index, jax.random.key(0), 0.0, 0.0,
                            self.user_reg if self.count_ridge is None else 1e-6, mesh=None, noisy=False,
                            count_ridge=self.count_ridge)[self.flat_index]
         if self.bias_column is None:
@@ -667,8 +667,8 @@ class _RidgeItemUpdate:
         plan = gram.build_plan(train.item, train.user, weights, train.n_items,
                                n_shards=1 if self.mesh is None else self.mesh.size)
         self.classes, self.stack_index = gram.device_arrays(plan)
-        self.obs_index = gram.observation_index(plan)
-        self.global_task, self.flat_index = jnp.asarray(plan.global_task), jnp.asarray(plan.flat_index)
+        self.obs_index, self.class_tasks = gram.observation_index(plan), gram.class_tasks(plan)
+        self.flat_index = jnp.asarray(plan.flat_index)
         if cfg.private:
             self.sigma = noise.training
             release_a, release_b = _item_update_releases(cfg, self.sigma)  # the noise drawn is the noise recorded
@@ -701,7 +701,7 @@ class _RidgeItemUpdate:
         return theta[self.flat_index, :-2]  # without the two statistics columns
 
     def _solve(self, feats: jax.Array, classes, key: jax.Array) -> jax.Array:
-        return solve_tasks(feats, classes, self.stack_index, self.global_task, key, self.std_a, self.std_b, self.lam,
+        return solve_tasks(feats, classes, self.class_tasks, self.stack_index, key, self.std_a, self.std_b, self.lam,
                            mesh=self.mesh, noisy=self.cfg.private, count_ridge=self.count_ridge,
                            bias_stats=self.empirical_bayes)
 

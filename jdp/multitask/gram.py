@@ -11,7 +11,9 @@ Tasks are dealt to `n_shards` shards round-robin in order of decreasing count (s
 still balances). Every array of the plan has a leading shard axis, so `shard_map` over a device mesh
 gives each device its own tasks while the feature table is replicated; with one shard the same code
 runs unsharded. `global_task[p, l]` names the task in local slot l of shard p (n_tasks = padding) and
-`flat_index[i]` finds task i in a stacked [P·block] output.
+`flat_index[i]` finds task i in a stacked [P·block] output. Every task, also one without observations,
+has a row in some class (`LengthClass.task`): a private release then covers every task, and per-task work
+(noise, solves) runs class by class on the matmul's own output, never on a re-gathered [tasks, d, d] copy.
 """
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ class LengthClass:
     src: np.ndarray      # int32 [P, n, L] feature-table row per slot (padding: 0)
     sqrt_w: np.ndarray   # float32 [P, n, L] √weight per slot (padding: 0)
     obs: np.ndarray      # int64 [P, n, L] observation index per slot (−1 padding)
+    task: np.ndarray     # int32 [P, n] global task of each row (n_tasks: padding row)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +101,7 @@ def build_plan(task: np.ndarray, src: np.ndarray, weight: np.ndarray | None, n_t
     flat_index = (shard_of * block + local_of).astype(np.int32)
 
     sizes = length_classes(max(int(counts.max(initial=0)), 1), fine=len(order) >= FINE_CLASSES_MIN_NNZ)
-    cls_of = np.where(counts > 0, np.searchsorted(sizes, counts), -1)
+    cls_of = np.searchsorted(sizes, counts)  # tasks without observations go to the first class (all padding)
     classes, offset = [], 0
     stack_index = np.full((n_shards, block), -1, np.int64)
     for c, length in enumerate(sizes):
@@ -110,19 +113,22 @@ def build_plan(task: np.ndarray, src: np.ndarray, weight: np.ndarray | None, n_t
         n = int(per_shard.max())
         n = -(-n // batch) * batch if n > batch else n  # whole scan batches, or one short batch
         slots = np.full((n_shards, n, length), -1, np.int64)
+        row_task = np.full((n_shards, n), n_tasks, np.int32)
         offs = np.arange(length)
         for p in range(n_shards):  # loop over shards (a handful), never over tasks
             mine = tasks_c[shard_of[tasks_c] == p]
             pos = starts[mine][:, None] + offs[None, :]
             valid = offs[None, :] < counts[mine][:, None]
-            slots[p, : mine.size] = np.where(valid, order[np.minimum(pos, max(len(order) - 1, 0))], -1)
+            if len(order):
+                slots[p, : mine.size] = np.where(valid, order[np.minimum(pos, len(order) - 1)], -1)
             stack_index[p, local_of[mine]] = offset + np.arange(mine.size)
+            row_task[p, : mine.size] = mine
         ok = slots >= 0
         src_slots = np.where(ok, src[np.maximum(slots, 0)], 0).astype(np.int32)
         sw = np.where(ok, np.sqrt(weight[np.maximum(slots, 0)]), 0.0).astype(np.float32)
-        classes.append(LengthClass(src_slots, sw, slots))
+        classes.append(LengthClass(src_slots, sw, slots, row_task))
         offset += n
-    stack_index[stack_index < 0] = offset  # empty tasks / padding slots read an all-zero row
+    stack_index[stack_index < 0] = offset  # padding slots (no task) read an all-zero row
     return GramPlan(n_tasks, n_shards, block, global_task, flat_index, stack_index.astype(np.int32),
                     tuple(classes))
 
@@ -135,7 +141,12 @@ def device_arrays(plan: GramPlan, labels: tuple[np.ndarray, ...] | None = None):
     return classes, jnp.asarray(plan.stack_index)
 
 
-def _class_gram(feats, src, sqrt_w, label):
+def class_tasks(plan: GramPlan) -> tuple[jax.Array, ...]:
+    """Per class, the global task of each row [P, n] (n_tasks for padding rows), on device."""
+    return tuple(jnp.asarray(c.task) for c in plan.classes)
+
+
+def class_gram(feats, src, sqrt_w, label):
     """One length class of one shard: src/sqrt_w/label [n, L] -> A [n, d, d], b [n, d]."""
     n, length = src.shape
     batch = min(n, max(1, ROWS_PER_BATCH // length))
@@ -153,7 +164,7 @@ def _class_gram(feats, src, sqrt_w, label):
 def shard_gram(feats: jax.Array, classes, stack_index: jax.Array):
     """A [block, d, d], b [block, d] for ONE shard (class arrays and stack_index without shard axis)."""
     d = feats.shape[1]
-    outs = [_class_gram(feats, s, w, y) for s, w, y in classes]
+    outs = [class_gram(feats, s, w, y) for s, w, y in classes]
     a = jnp.concatenate([o[0] for o in outs] + [jnp.zeros((1, d, d), feats.dtype)])
     b = jnp.concatenate([o[1] for o in outs] + [jnp.zeros((1, d), feats.dtype)])
     return a[stack_index], b[stack_index]

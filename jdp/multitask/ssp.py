@@ -34,7 +34,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jdp.accounting import PrivacyReport, Release, gaussian_event
 from jdp.data.interactions import check_unique_pairs
 from jdp.multitask import gram
-from jdp.noise import clip_by_norm, gaussian, symmetric_gaussian
+from jdp.noise import clip_by_norm, keyed_gram_noise
 from jdp.validation import check_positive
 
 
@@ -68,14 +68,6 @@ def record_ssp_releases(report: PrivacyReport, noise_multiplier: float, beta: fl
     """Adds the two Gaussian releases (A and b) of `count` SSP solves to the report."""
     for r in ssp_releases(noise_multiplier, beta, clip_x, clip_y, count, prefix):
         report.add_release(r)
-
-
-def _task_noise(key, task_ids, d, std_a, std_b):
-    """Symmetric Gram noise [t, d, d] and rhs noise [t, d], keyed by global task id."""
-    def one(t):
-        ka, kb = jax.random.split(jax.random.fold_in(key, t))
-        return symmetric_gaussian(ka, (), d, std_a), gaussian(kb, (d,), std_b)
-    return jax.vmap(one)(task_ids)
 
 
 def _task_ridge(a, lam, count_ridge):
@@ -128,7 +120,9 @@ def ridge_solve(a, b, lam, adaptive: bool = False, lapack: bool = True):
     process (a CPU mesh) occupy every pool thread at once. Both give the same x to float32 accuracy.
     """
     eye = jnp.eye(a.shape[-1], dtype=a.dtype)
-    cholesky = jnp.linalg.cholesky if lapack else _cholesky_jnp
+    # both factorisations read the lower triangle only; a is symmetric (a Gram plus mirrored noise), so
+    # LAPACK's default (a + aᵀ)/2 pass over the whole batch is skipped
+    cholesky = functools.partial(jnp.linalg.cholesky, symmetrize_input=False) if lapack else _cholesky_jnp
     tau = jnp.zeros(a.shape[:1], a.dtype)
     if adaptive:
         def is_pd(tau):
@@ -148,31 +142,37 @@ def ridge_solve(a, b, lam, adaptive: bool = False, lapack: bool = True):
     return _cho_solve_jnp(l, b)
 
 
-def _solve_shard(feats, classes, stack_index, task_ids, key, std_a, std_b, lam, count_ridge, noisy, lapack, stats):
-    """Gram (+ noise) + ridge solve for one shard's tasks -> θ [block, d] (+ 2 columns Â_i[-1, -1], b̂_i[-1] if stats)."""
-    a, b = gram.shard_gram(feats, classes, stack_index)
+def _solve_shard(feats, classes, class_tasks, stack_index, key, std_a, std_b, lam, count_ridge, noisy, lapack, stats):
+    """Gram (+ noise) + ridge solve for one shard's tasks -> θ [block, d] (+ 2 columns Â_i[-1, -1], b̂_i[-1] if stats).
+    The class Grams are stacked as they come (class by class) and solved in that order by ONE batched solve
+    (independent LAPACK calls in one program can deadlock XLA's CPU thread pool); only the solutions are put
+    back in slot order. The noise of a task is keyed by its global id."""
+    grams = [gram.class_gram(feats, *cl) for cl in classes]
+    a, b = jnp.concatenate([g[0] for g in grams]), jnp.concatenate([g[1] for g in grams])
     if noisy:
-        na, nb = _task_noise(key, task_ids, feats.shape[1], std_a, std_b)
+        na, nb = keyed_gram_noise(key, jnp.concatenate(class_tasks), feats.shape[1], std_a, std_b)
         a, b = a + na, b + nb
     theta = ridge_solve(a, b, _task_ridge(a, lam, count_ridge), adaptive=noisy, lapack=lapack)
-    return jnp.concatenate([theta, a[:, -1, -1, None], b[:, -1, None]], axis=1) if stats else theta
+    out = jnp.concatenate([theta, a[:, -1, -1, None], b[:, -1, None]], axis=1) if stats else theta
+    return jnp.concatenate([out, jnp.zeros((1, out.shape[1]), out.dtype)])[stack_index]
 
 
-def _solve_blocks(feats, classes, stack_index, global_task, key, std_a, std_b, lam, count_ridge, noisy, lapack, stats):
+def _solve_blocks(feats, classes, class_tasks, stack_index, key, std_a, std_b, lam, count_ridge, noisy, lapack, stats):
     """Shards one after another (lax.map over the leading axis) -> θ [S·block, d (+ 2)]."""
     def one(args):
-        cls, si, gt = args
-        return _solve_shard(feats, cls, si, gt, key, std_a, std_b, lam, count_ridge, noisy, lapack, stats)
-    out = jax.lax.map(one, (classes, stack_index, global_task))
+        cls, ct, si = args
+        return _solve_shard(feats, cls, ct, si, key, std_a, std_b, lam, count_ridge, noisy, lapack, stats)
+    out = jax.lax.map(one, (classes, class_tasks, stack_index))
     return out.reshape(-1, out.shape[-1])
 
 
-def solve_tasks(feats: jax.Array, classes, stack_index: jax.Array, global_task: jax.Array, key: jax.Array,
+def solve_tasks(feats: jax.Array, classes, class_tasks, stack_index: jax.Array, key: jax.Array,
                 std_a: float, std_b: float, lam: float, mesh: Mesh | None = None, noisy: bool = True,
                 count_ridge: jax.Array | None = None, bias_stats: bool = False) -> jax.Array:
     """θ for every task slot [P·block, d] (index with `plan.flat_index`).
 
-    feats [rows, d] is replicated; classes/stack_index/global_task carry a leading shard axis P. With a
+    feats [rows, d] is replicated; classes (`gram.device_arrays`), class_tasks (`gram.class_tasks`) and
+    stack_index carry a leading shard axis P. With a
     mesh (axis 'tasks' of D devices, P divisible by D) each device solves its P/D shards; without one
     the shards run in turn on one device (which also bounds memory for very many tasks). Sharded
     results come back to the device(s) of `feats`, so a training loop keeps one input layout (and one
@@ -186,7 +186,7 @@ def solve_tasks(feats: jax.Array, classes, stack_index: jax.Array, global_task: 
     """
     if count_ridge is None:  # every task keeps lam
         count_ridge = jnp.asarray([0.0, 0.0, 0.0, 1.0, 0.0], jnp.float32)
-    args = (feats, classes, stack_index, global_task, key, std_a, std_b, lam, count_ridge)
+    args = (feats, classes, class_tasks, stack_index, key, std_a, std_b, lam, count_ridge)
     if mesh is None or isinstance(feats, jax.core.Tracer):
         return _solve_tasks(*args, mesh=mesh, noisy=noisy, stats=bias_stats)
     home = feats.sharding if isinstance(feats, jax.Array) else jax.devices()[0]
@@ -196,20 +196,21 @@ def solve_tasks(feats: jax.Array, classes, stack_index: jax.Array, global_task: 
 
 
 @functools.partial(jax.jit, static_argnames=("mesh", "noisy", "stats"))
-def _solve_tasks(feats, classes, stack_index, global_task, key, std_a, std_b, lam, count_ridge, mesh, noisy, stats):
-    args = (classes, stack_index, global_task)
+def _solve_tasks(feats, classes, class_tasks, stack_index, key, std_a, std_b, lam, count_ridge, mesh, noisy, stats):
+    args = (classes, class_tasks, stack_index)
     if mesh is None:
         return _solve_blocks(feats, *args, key, std_a, std_b, lam, count_ridge, noisy, True, stats)
     spec = PartitionSpec("tasks")
     lapack = mesh.devices.flat[0].platform != "cpu"  # see ridge_solve: LAPACK deadlocks on a CPU mesh
 
-    def body(feats, classes, stack_index, global_task, key, std_a, std_b, lam, count_ridge):
-        return _solve_blocks(feats, classes, stack_index, global_task, key, std_a, std_b, lam, count_ridge, noisy,
+    def body(feats, classes, class_tasks, stack_index, key, std_a, std_b, lam, count_ridge):
+        return _solve_blocks(feats, classes, class_tasks, stack_index, key, std_a, std_b, lam, count_ridge, noisy,
                              lapack, stats)
 
     rep = PartitionSpec()
     class_specs = tuple((spec, spec, spec) for _ in classes)
-    return jax.shard_map(body, mesh=mesh, in_specs=(rep, class_specs, spec, spec, rep, rep, rep, rep, rep),
+    task_specs = tuple(spec for _ in class_tasks)
+    return jax.shard_map(body, mesh=mesh, in_specs=(rep, class_specs, task_specs, spec, rep, rep, rep, rep, rep),
                          out_specs=spec, check_vma=False)(feats, *args, key, std_a, std_b, lam, count_ridge)
 
 
@@ -264,7 +265,7 @@ def task_weighted_ssp(key: jax.Array, task: np.ndarray, user: np.ndarray, x: np.
     plan = gram.build_plan(task, np.arange(nnz), weights, n_tasks, n_shards=1 if mesh is None else mesh.size)
     classes, stack_index = gram.device_arrays(plan, plan.slot_values(np.clip(y, -clip_y, clip_y)))
     feats = clip_by_norm(jnp.asarray(x), clip_x)
-    theta = solve_tasks(feats, classes, stack_index, jnp.asarray(plan.global_task), key,
+    theta = solve_tasks(feats, classes, gram.class_tasks(plan), stack_index, key,
                         noise.std_a, noise.std_b, noise.lam, mesh=mesh)
     if report is not None:
         record_ssp_releases(report, noise_multiplier, beta, clip_x, clip_y)

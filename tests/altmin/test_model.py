@@ -142,7 +142,7 @@ def test_count_ridge_uses_each_tasks_released_count():
     plan = gram.build_plan(task, np.arange(task.size), None, 3)
     classes, stack_index = gram.device_arrays(plan, plan.slot_values(y))
     ridge = np.array([2.0, 30.0, 0.0, g0**2, 0.0], np.float32)
-    theta = np.asarray(solve_tasks(jnp.asarray(x), classes, stack_index, jnp.asarray(plan.global_task),
+    theta = np.asarray(solve_tasks(jnp.asarray(x), classes, gram.class_tasks(plan), stack_index,
                                    jax.random.key(0), 0.0, 0.0, 1.0, noisy=False, count_ridge=ridge)[plan.flat_index])
     for t in range(3):
         xs, ys = x[task == t].astype(np.float64), y[task == t]

@@ -220,6 +220,35 @@ def test_ssp_statistics_worst_case_user_within_recorded_sensitivity():
         assert da >= sens_a * (1 - 3e-3) and db >= sens_b * (1 - 3e-3)  # tight: the worst case is tested
 
 
+def test_ssp_release_of_an_item_whose_only_user_is_removed_is_still_noise():
+    """Removing the only user of an item leaves it without observations. Its release must then be the Gram
+    noise alone (keyed by the item's id, so the same draw as with the user present): an exact 0, or a missing
+    row, would tell the two neighbours apart. Checked against the noise and the adaptive solve computed
+    directly, and the outputs of the neighbours differ for that item only through the user's statistics."""
+    from jdp.multitask.ssp import _task_ridge, ridge_solve, ssp_noise, task_weighted_ssp
+    from jdp.noise import keyed_gram_noise
+
+    rng = np.random.default_rng(5)
+    m, n, d, beta, gx, gy, sigma, lam = 6, 12, 2, 3.0, 1.0, 1.0, 1.0, 2.0
+    user, task = np.nonzero(rng.random((n - 1, m - 1)) < 0.6)  # items 0..m-2 rated by users 0..n-2
+    user, task = np.r_[user, n - 1], np.r_[task, m - 1]        # item m-1: user n-1 only
+    x = rng.normal(size=(user.size, d)).astype(np.float32)
+    y = rng.uniform(-gy, gy, user.size).astype(np.float32)
+    w = np.full(user.size, 0.5, np.float32)
+    key = jax.random.key(7)
+    run = lambda keep: np.asarray(task_weighted_ssp(  # noqa: E731
+        key, task[keep], user[keep], x[keep], y[keep], w[keep], m, n, beta=beta, clip_x=gx, clip_y=gy,
+        noise_multiplier=sigma, lam=lam))
+    with_user, without = run(np.ones(user.size, bool)), run(user != n - 1)
+    noise = ssp_noise(sigma, beta, gx, gy, lam)
+    na, nb = keyed_gram_noise(key, jnp.asarray([m - 1]), d, noise.std_a, noise.std_b)
+    ridge = _task_ridge(na, noise.lam, jnp.asarray([0.0, 0.0, 0.0, 1.0, 0.0]))
+    expected = np.asarray(ridge_solve(na, nb, ridge, adaptive=True))[0]
+    np.testing.assert_allclose(without[m - 1], expected, rtol=1e-5, atol=1e-6)
+    assert np.all(np.abs(without[m - 1]) > 1e-3)  # noise, not a telltale 0
+    assert not np.allclose(with_user[m - 1], without[m - 1])
+
+
 def test_noisy_gd_worst_case_user_total_gradient_within_recorded_sensitivity():
     """Audit item 1: the user's TOTAL (clipped) gradient in one noisy-GD step, all of its items' features
     aligned, labels and weights maximal, has norm ≤ the recorded sensitivity C (and = C: the bound is
