@@ -185,7 +185,7 @@ def render() -> str:
               "default step size barely moves the item biases), so ada-dpsgd does not beat its baselines.", ""]
     speed, _ = _load("altmin_speed")
     if speed:
-        lines += [f"### Speed at ML-20M scale (`{speed['command']}`, commit `{speed['git_commit'][:10]}`, {speed['device']})", "",
+        lines += [f"### Speed at ML-20M scale (`{speed['command']}`, commit `{speed['git_commit'][:10]}{'-dirty' if speed['git_commit'].endswith('-dirty') else ''}`, {speed['device']})", "",
                   "| d | dense matmul GFLOP/s | Gram build s | Gram GFLOP/s (% of dense) | segment_sum GFLOP/s (% of dense) | "
                   "speed-up vs segment_sum | full AdaDPALS step s | same step, written simply s | user solves s |",
                   "|---|---|---|---|---|---|---|---|---|"]
