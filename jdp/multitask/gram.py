@@ -12,8 +12,8 @@ still balances). Every array of the plan has a leading shard axis, so `shard_map
 gives each device its own tasks while the feature table is replicated; with one shard the same code
 runs unsharded. `global_task[p, l]` names the task in local slot l of shard p (n_tasks = padding) and
 `flat_index[i]` finds task i in a stacked [P·block] output. Every task, also one without observations,
-has a row in some class (`LengthClass.task`): a private release then covers every task, and per-task work
-(noise, solves) runs class by class on the matmul's own output, never on a re-gathered [tasks, d, d] copy.
+has a row in some class (`LengthClass.task`), so a private release covers every task; solvers work on the
+class outputs stacked in class order (`class_tasks` names each row's task) and reorder only the solutions.
 """
 from __future__ import annotations
 
