@@ -148,8 +148,9 @@ class AltMinConfig:
     center_fraction: float = 0.1         # ε share of the private global mean (global_mean='private' only)
     sgd_inner_steps: int = 4             # noisy GD updates per outer step (dpsgd-*)
     sgd_clip: float = 1.0                # per-user gradient clip C (dpsgd-*)
-    sgd_lr: float | None = None          # default 0.5; each noisy-GD update divides the summed gradient by
-                                         # q·n_users (n_users: the declared public size)
+    sgd_lr: float | None = None          # None: per-item steps from the released counts (`item_step_sizes`);
+                                         # a float: one step size for every item. Each noisy-GD update divides
+                                         # the summed gradient by q·n_users (n_users: the declared public size)
     sample_rate: float = 1.0             # Poisson rate of users per noisy GD step (1 = full batch)
     init_scale: float = 0.1
     rescale_items: bool = True           # rescale released V to mean row norm 1 after each update (public
@@ -365,8 +366,9 @@ def _count_releases(cfg: AltMinConfig, sigma: float) -> list[Release]:
 
 
 def _noisy_gd_config(cfg: AltMinConfig, sigma: float) -> NoisyGDConfig:
-    """One noisy-GD item update: `sgd_inner_steps` steps with clip C, step size and the public ridge of `cfg`."""
-    return NoisyGDConfig(cfg.sgd_clip, sigma, cfg.sgd_inner_steps, cfg.sgd_lr or 0.5,
+    """One noisy-GD item update: `sgd_inner_steps` steps with clip C, step size and the public ridge of `cfg`
+    (sgd_lr=None: the 1.0 here is a placeholder, `_NoisyGDItemUpdate` passes the per-item `item_step_sizes`)."""
+    return NoisyGDConfig(cfg.sgd_clip, sigma, cfg.sgd_inner_steps, cfg.sgd_lr or 1.0,
                          lam=cfg.reg if cfg.reg is not None else 0.0, sample_rate=cfg.sample_rate)
 
 
@@ -570,14 +572,14 @@ def fit(train: Interactions, cfg: AltMinConfig, seed: int | None = None, *, tune
 
     # Pre-processing: the global mean μ and the budget allocation (weights with Σ_i w_ij² ≤ k per user).
     mean = _global_mean(train, cfg, noise, k_mean, report)
-    weights = _allocation_weights(train, cfg, noise, k_counts, k_weights)
+    weights, counts = _allocation_weights(train, cfg, noise, k_counts, k_weights)
     timings["preprocess_seconds"] = time.perf_counter() - t0
 
     # Alternating minimization. Item side: tasks = items, features x_j = [clip(u_j, Γ), γ₀] of the users
     # (‖x_j‖ ≤ item_feature_bound), labels y_ij = clip(r_ij − μ − b_j, Γy), θ_i = [v_i, c_i / γ₀].
     t1 = time.perf_counter()
     update_class = _NoisyGDItemUpdate if cfg.parsed_method.rule == NOISY_GD else _RidgeItemUpdate
-    item_update = update_class(train, weights, cfg, noise, timings)
+    item_update = update_class(train, weights, cfg, noise, timings, counts)
     timings["plan_seconds"] = time.perf_counter() - t1
     d = cfg.dim
     v = cfg.init_scale * jax.random.normal(k_init, (n_items, d), jnp.float32)
@@ -636,12 +638,13 @@ def _global_mean(train: Interactions, cfg: AltMinConfig, noise: NoiseMultipliers
 
 
 def _allocation_weights(train: Interactions, cfg: AltMinConfig, noise: NoiseMultipliers | None,
-                        k_counts: jax.Array, k_weights: jax.Array) -> np.ndarray:
-    """Each rating's weight in the item update; private methods keep Σ_i w_ij² ≤ k for every user (checked).
-    Tail sampling and adaptive weights read the private item counts (their release is in the plan)."""
+                        k_counts: jax.Array, k_weights: jax.Array) -> tuple[np.ndarray, np.ndarray | None]:
+    """(each rating's weight in the item update, the released item counts or None). Private methods keep
+    Σ_i w_ij² ≤ k for every user (checked). Tail sampling and adaptive weights read the private item counts
+    (their release is in the plan)."""
     method, k = cfg.parsed_method, cfg.budget
     if not method.private:
-        return np.ones(train.nnz, np.float32)
+        return np.ones(train.nnz, np.float32), None
     user, item = jnp.asarray(train.user), jnp.asarray(train.item)
     counts = private_counts(k_counts, user, item, train.n_items, k, noise.counts).counts if method.needs_counts else None
     if method.allocation == "uniform":
@@ -652,7 +655,7 @@ def _allocation_weights(train: Interactions, cfg: AltMinConfig, noise: NoiseMult
         weights = adaptive_weights(counts, user, item, train.n_users, float(k), cfg.mu, cfg.weight_mode)
     weights = np.asarray(weights)
     check_user_budget(train.user, weights, train.n_users, float(k))
-    return weights
+    return weights, None if counts is None else np.asarray(counts)
 
 
 class _RidgeItemUpdate:
@@ -661,7 +664,7 @@ class _RidgeItemUpdate:
     observation layout is built once; items are sharded across devices (`cfg.n_shards`)."""
 
     def __init__(self, train: Interactions, weights: np.ndarray, cfg: AltMinConfig, noise: NoiseMultipliers | None,
-                 timings: dict):
+                 timings: dict, counts: np.ndarray | None = None):
         self.cfg, self.timings = cfg, timings
         self.mesh = task_mesh(cfg.n_shards)
         plan = gram.build_plan(train.item, train.user, weights, train.n_items,
@@ -711,15 +714,63 @@ class _NoisyGDItemUpdate:
     θ_i = [v_i, c_i / γ₀]; every user's total gradient is clipped to `sgd_clip`."""
 
     def __init__(self, train: Interactions, weights: np.ndarray, cfg: AltMinConfig, noise: NoiseMultipliers,
-                 timings: dict):
+                 timings: dict, counts: np.ndarray | None = None):
         self.cfg, self.sgd = cfg, _noisy_gd_config(cfg, noise.training)
         self.item, self.user, self.weights = jnp.asarray(train.item), jnp.asarray(train.user), jnp.asarray(weights)
         self.n_items, self.n_users = train.n_items, train.n_users
+        self.task_lr = None
+        if cfg.sgd_lr is None:
+            omega = (adaptive_item_weights(counts, cfg, train.n_users)
+                     if cfg.parsed_method.allocation == "adaptive" else None)
+            self.task_lr = item_step_sizes(cfg, noise, counts, train.n_users, train.n_items, omega)
 
     def __call__(self, v: jax.Array, c: jax.Array, feats: jax.Array, labels: jax.Array, key: jax.Array) -> jax.Array:
         init = jnp.concatenate([v, (c / self.cfg.bias_clip)[:, None]], axis=1) if self.cfg.biases else v
         return noisy_gd.run(key, init, self.item, self.user, feats[self.user], labels, self.weights, self.sgd,
-                            n_tasks=self.n_items, n_users=self.n_users)
+                            n_tasks=self.n_items, n_users=self.n_users, task_lr=self.task_lr)
+
+
+SGD_STEP = 1.0  # item_step_sizes: at most one Newton step (at the typical clip factor) per noisy-GD update
+
+
+def adaptive_item_weights(counts: np.ndarray, cfg: AltMinConfig, n_users: int) -> np.ndarray:
+    """ω_i (eq. 16) from the released counts: every weight of item i is ≤ ω_i (post-processing)."""
+    from jdp.multitask.weights import task_weights
+    return np.asarray(task_weights(jnp.asarray(counts), cfg.mu, n_users, float(cfg.budget)))
+
+
+def item_step_sizes(cfg: AltMinConfig, noise: NoiseMultipliers, counts: np.ndarray | None, n_users: int,
+                    n_items: int, omega: np.ndarray | None = None) -> np.ndarray:
+    """Per-item step sizes of the noisy-GD item update (default `sgd_lr=None`), from public quantities and the
+    released counts only (post-processing: the steps scale the noisy gradient sum, its sensitivity is unchanged).
+
+    Objective (1/n)·Σ_j s_j Σ_i w_ij ½(θ_i·x_j − y_ij)², n = n_users, s_j ≤ 1 user j's clip factor, whose
+    typical value s̄ = min(1, C/(X·s·√k)) is that of a user with k residuals of size s (public: the clip C, the
+    feature bound X, the budget k, the residual scale s = Γy/2). Two rules, the smaller step wins:
+    - Early stopping as the ridge: from θ = 0, T steps of size η on an item of curvature h ≪ 1/(Tη) give the ridge
+      solution with pseudo-count n₀ = n/(T·η·s̄·γ₀²). η is set so that n₀ is the item-bias posterior's
+      (c_i ~ N(0, τ²), residual variance s²) plus the gradient noise: σC/n per step, in units of the data term a
+      label-sum noise of variance V = (σC/(s̄·γ₀))², spread over the mean public count n̄ = n·k/m:
+      n₀ = (s² + V/n̄)/τ². As σ grows n₀ grows like σ², the steps shrink and the released biases stay near 0
+      (the zero-cost model).
+    - No overshoot: item i's curvature is ≈ s̄·X²·ω_i·n_i/n (w_ij ≤ ω_i: 1 for sampling, eq. 16 for adaptive
+      weights; n_i bounded by the released count + COUNT_LCB noise stds, or by n_users without counts), and the
+      step is at most SGD_STEP (one Newton step at the typical clip factor) over it. Without counts
+      (`dpsgd-uniform`) every item gets the step that is safe for an item rated by everyone.
+    Measured (ML-100K, validation RMSE, ada-dpsgd, 2 splits): ε = 5 0.977 and ε = 20 0.957 with these steps,
+    vs 1.04 with the former global step 0.5 (the biases barely moved) and 0.978 with a hand-picked global 64.
+    """
+    x2, g0, k, clip = cfg.item_feature_bound ** 2, cfg.bias_clip, cfg.budget, cfg.sgd_clip
+    s2, tau2 = _bias_priors(cfg)
+    clip_level = min(1.0, clip / (cfg.item_feature_bound * math.sqrt(s2 * k)))
+    mean_count = min(n_users * k / n_items, float(n_users))
+    noise_var = (noise.training * clip / (clip_level * g0)) ** 2
+    n0 = (s2 + noise_var / mean_count) / tau2
+    lr = n_users / (cfg.sgd_inner_steps * cfg.steps * clip_level * g0**2 * n0)
+    w = np.ones(n_items) if omega is None else np.asarray(omega, np.float64)
+    n_hi = (np.full(n_items, float(n_users)) if counts is None
+            else np.minimum(np.asarray(counts, np.float64) + COUNT_LCB * noise.counts * math.sqrt(k), n_users))
+    return np.minimum(lr, SGD_STEP * n_users / (clip_level * x2 * w * n_hi)).astype(np.float32)
 
 
 def item_update_features(user_factors: jax.Array, cfg: AltMinConfig) -> jax.Array:

@@ -79,6 +79,7 @@ def record_noisy_gd_releases(report: PrivacyReport, cfg: NoisyGDConfig, count: i
 @functools.partial(jax.jit, static_argnames=("n_tasks", "n_users", "steps"))
 def _run(key, theta, task, user, x, y, w, n_tasks, n_users, steps, clip_norm, sigma, lr, lam, q, radius):
     expected_batch = q * n_users
+    lr, lam = lr[:, None], lam[:, None]  # per task (a scalar config broadcast to every task)
 
     def step(theta, k):
         k_sample, k_noise = jax.random.split(k)
@@ -98,15 +99,29 @@ def _run(key, theta, task, user, x, y, w, n_tasks, n_users, steps, clip_norm, si
 
 
 def run(key: jax.Array, init: jax.Array, task: jax.Array, user: jax.Array, x: jax.Array, y: jax.Array,
-        weights: jax.Array, cfg: NoisyGDConfig, *, n_tasks: int, n_users: int) -> jax.Array:
+        weights: jax.Array, cfg: NoisyGDConfig, *, n_tasks: int, n_users: int, task_lr: jax.Array | None = None,
+        task_ridge: jax.Array | None = None) -> jax.Array:
     """`cfg.steps` noisy GD updates from θ = `init` [n_tasks, d] on observations already prepared for the
     analysis: features ‖x‖ ≤ the bound, labels clipped, each (task, user) pair at most once. The entry point
     of `task_weighted_noisy_gd` (which checks and clips its inputs) and of callers that prepare their
-    data themselves, e.g. the item update of `jdp.altmin.fit`. Records nothing: see `noisy_gd_releases`."""
+    data themselves, e.g. the item update of `jdp.altmin.fit`. Records nothing: see `noisy_gd_releases`.
+
+    `task_lr` / `task_ridge` [n_tasks] replace cfg.learning_rate / cfg.lam per task (a diagonal
+    preconditioner and per-task ridge). They must be PUBLIC or computed from earlier releases only (e.g.
+    released counts: post-processing); the sensitivity of a step does not depend on them, since the noise is
+    added to the clipped gradient sum before they are applied."""
     radius = jnp.inf if cfg.max_param_norm is None else cfg.max_param_norm
+
+    def per_task(value, default, name):
+        value = jnp.full((n_tasks,), default, jnp.float32) if value is None else jnp.asarray(value, jnp.float32)
+        if value.shape != (n_tasks,):
+            raise ValueError(f"{name} must have shape ({n_tasks},), got {value.shape}")
+        return value
+
     return _run(key, jnp.asarray(init, jnp.float32), jnp.asarray(task, jnp.int32), jnp.asarray(user, jnp.int32),
                 jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32), jnp.asarray(weights, jnp.float32),
-                n_tasks, n_users, cfg.steps, cfg.clip_norm, cfg.noise_multiplier, cfg.learning_rate, cfg.lam,
+                n_tasks, n_users, cfg.steps, cfg.clip_norm, cfg.noise_multiplier,
+                per_task(task_lr, cfg.learning_rate, "task_lr"), per_task(task_ridge, cfg.lam, "task_ridge"),
                 cfg.sample_rate, radius)
 
 

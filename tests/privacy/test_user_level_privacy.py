@@ -283,6 +283,40 @@ def test_noisy_gd_worst_case_user_total_gradient_within_recorded_sensitivity():
         assert contribution >= sens * (1 - 1e-3)
 
 
+def test_noisy_gd_per_item_steps_scale_the_noisy_sum_not_the_sensitivity():
+    """The per-item steps of the altmin noisy-GD update (`task_lr`) multiply the NOISY clipped sum, row by row:
+    undoing them on neighbouring runs with the same noise leaves the worst-case user's total contribution at
+    exactly the recorded sensitivity C, whatever the steps (post-processing of one Gaussian release)."""
+    from jdp.multitask import noisy_gd
+    rng = np.random.default_rng(5)
+    m, n, d, clip = 12, 20, 2, 0.5
+    user, task = np.nonzero(rng.random((n - 1, m)) < 0.5)
+    x = rng.normal(size=(user.size, d)).astype(np.float32) * 0.3
+    y = rng.normal(size=user.size).astype(np.float32) * 0.3
+    w = np.ones(user.size, np.float32)
+    cfg = NoisyGDConfig(clip_norm=clip, noise_multiplier=1.0, steps=1, learning_rate=1.0)
+    task_lr = rng.uniform(0.1, 50.0, m).astype(np.float32)
+    e1 = np.array([1.0, 0.0], np.float32)
+    items = np.arange(m)  # the added user rates every item, features aligned, labels extreme
+    neighbour = (np.r_[task, items], np.r_[user, np.full(m, n - 1)], np.r_[x, np.tile(e1, (m, 1))],
+                 np.r_[y, np.full(m, -1.0, np.float32)], np.r_[w, np.ones(m, np.float32)])
+    init = jnp.asarray(rng.normal(size=(m, d)), jnp.float32)
+    kw = dict(n_tasks=m, n_users=n, task_lr=task_lr)
+    th0 = np.asarray(noisy_gd.run(jax.random.key(3), init, task, user, x, y, w, cfg, **kw), np.float64)
+    th1 = np.asarray(noisy_gd.run(jax.random.key(3), init, *neighbour, cfg, **kw), np.float64)
+    contribution = np.linalg.norm((th0 - th1) / task_lr[:, None]) * n
+    assert contribution == pytest.approx(clip, rel=1e-3)
+    assert noisy_gd_releases_sensitivity(cfg) == clip
+    with pytest.raises(ValueError, match="task_lr"):
+        noisy_gd.run(jax.random.key(3), init, task, user, x, y, w, cfg, n_tasks=m, n_users=n, task_lr=task_lr[:-1])
+
+
+def noisy_gd_releases_sensitivity(cfg):
+    from jdp.multitask.noisy_gd import noisy_gd_releases
+    (release,) = noisy_gd_releases(cfg)
+    return release.sensitivity
+
+
 # --------------------------------------------------------------------------------------------------
 # Item 6: public sizes and shapes under add/remove-one-user.
 
