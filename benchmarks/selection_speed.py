@@ -8,7 +8,8 @@ References measured side by side in the same run (the machine is shared, so comp
                                batch of different problems needs). Skipped when diffprivlib is absent.
 
     PYTHONPATH=. python -m benchmarks.selection_speed [--quick] [--full]
-writes benchmarks/results/selection_speed.json (rows: mechanism, k, batch, selections_per_second).
+writes benchmarks/results/selection_speed.json (rows: mechanism, k, batch, selections_per_second and, for
+jitted rows, compile_seconds: the first call minus the steady per-call time).
 """
 from __future__ import annotations
 
@@ -27,7 +28,18 @@ from jdp import selection as S
 
 def _time(fn, reps: int, min_time: float = 0.3) -> float:
     """Best-of-reps seconds per call (the first call, with compilation, is excluded)."""
+    return _time_and_first(fn, reps, min_time)[0]
+
+
+def _time_and_first(fn, reps: int, min_time: float = 0.3) -> tuple[float, float]:
+    """(best-of-reps seconds per call, seconds of the first call: tracing + compilation + one run)."""
+    t0 = time.perf_counter()
     fn()
+    first = time.perf_counter() - t0
+    return _best(fn, reps, min_time), first
+
+
+def _best(fn, reps: int, min_time: float) -> float:
     best = float("inf")
     for _ in range(reps):
         t0 = time.perf_counter()
@@ -103,12 +115,12 @@ def main(argv=None):
         dpl_before = _dpl_reused(Exponential, q, d, k, eps, args.reps) if Exponential is not None and first_of_k else None
         for name in tqdm(names, desc=f"k={k} B={batch}", leave=False):
             fn = lambda: S.select(name, key, qj, dj, eps, allow_nonprivate=True).block_until_ready()
-            sec = _time(fn, args.reps)
+            sec, first = _time_and_first(fn, args.reps)
             rows.append(dict(mechanism=name, k=k, batch=batch, selections_per_second=batch / sec,
-                             implementation="jdp"))
-        sec = _time(lambda: _plain_argmax_noise(key, qj, dj, eps).block_until_ready(), args.reps)
-        rows.append(dict(mechanism="jax-plain-argmax-exp-noise", k=k, batch=batch,
-                         selections_per_second=batch / sec, implementation="reference"))
+                             compile_seconds=max(first - sec, 0.0), implementation="jdp"))
+        sec, first = _time_and_first(lambda: _plain_argmax_noise(key, qj, dj, eps).block_until_ready(), args.reps)
+        rows.append(dict(mechanism="jax-plain-argmax-exp-noise", k=k, batch=batch, selections_per_second=batch / sec,
+                         compile_seconds=max(first - sec, 0.0), implementation="reference"))
         rng = np.random.default_rng(1)
         nb = min(batch, 100_000)
         for ref, f in (("numpy-rnm-exp", _numpy_rnm), ("numpy-em", _numpy_em)):
@@ -145,7 +157,8 @@ def main(argv=None):
     ratios["vs_plain_jax_argmax_k100"] = {m: v / best["jax-plain-argmax-exp-noise"] for m, v in best.items()}
     path = write_results("selection_speed", rows, command=" ".join(["PYTHONPATH=. python -m benchmarks.selection_speed"] + sys.argv[1:]), epsilon=eps, ratios=ratios,
                          note="best over batch sizes per mechanism for the ratios; timings exclude compilation "
-                              "and include input validation and (GEM family) the exact Pareto-frontier size pass")
+                              "and include input validation and (GEM family) the exact Pareto-frontier size pass; "
+                              "compile_seconds = first call (trace + compile + one run) minus the steady per-call time")
     for r in rows:
         print(f"{r['mechanism']:36s} k={r['k']:<5d} B={r['batch']:<8d} {r['selections_per_second']:12.4g}/s")
     for name, table in ratios.items():
