@@ -182,6 +182,23 @@ def _site_contribs(plan, leaves, records, tap_grads, contribs):
                 contribs[i].insts.append(per[n].reshape(B, -1).astype(jnp.float32))
 
 
+def _raw_contribs(plan, leaves, records, grads, contribs):
+    """Raw products (`h @ E.T`, `z @ W`): activation X [B, T, p] (contracted axis last) and output gradient
+    G [B, T, q] (the parameter's free axis last) give the per-example gradient XᵀG of a [p, q] leaf (contracted
+    on axis 0) or GᵀX of a [q, p] leaf (contracted on axis 1), factored like a Dense kernel / Embed.attend."""
+    for r in plan.raw:
+        x, g = records[r.index], grads[r.index]
+        B = g.shape[0]
+        x = jnp.moveaxis(x, 1 + r.act_axis, -1)
+        X = x.reshape(B, -1, x.shape[-1]).astype(jnp.float32)
+        if r.param_operand == 0:      # dot_general output: (parameter's free axis, activation's free axes)
+            g = jnp.moveaxis(g, 1, -1)
+        G = g.reshape(B, X.shape[1], -1).astype(jnp.float32)
+        shape = np.shape(leaves[r.leaf])
+        contribs[r.leaf].pq = tuple(shape)
+        contribs[r.leaf].mats.append((X, G) if r.param_axis == 0 else (G, X))
+
+
 def _factored_grads(loss_fn, leaves, treedef, batch, method):
     """Tapping plan, per-example losses [B] and the factored per-example gradient of every leaf."""
     B = _batch_size(batch)
@@ -196,9 +213,10 @@ def _factored_grads(loss_fn, leaves, treedef, batch, method):
         ex1 = jax.tree.map(lambda x: x[None], ex)
         return _taps.run_per_example(loss_fn, plan, leaves, treedef, ex1)
 
-    losses, records, tap_grads, fb_grads = jax.vmap(pe)(batch)
+    losses, records, tap_grads, fb_grads, raw_records, raw_grads = jax.vmap(pe)(batch)
     contribs = {i: _norms.LeafContribs(tuple(np.shape(leaves[i]))) for i in range(len(leaves))}
     _site_contribs(plan, leaves, records, tap_grads, contribs)
+    _raw_contribs(plan, leaves, raw_records, raw_grads, contribs)
     for i, g in zip(plan.fallback, fb_grads):
         contribs[i].insts.append(g.reshape(B, -1).astype(jnp.float32))
     return plan, losses, contribs
@@ -393,6 +411,7 @@ def explain(loss_fn: Callable, params: Any, batch: Any, method: str = "auto",
     """The tapping plan, as `clipped_grad` would run it on this batch (traced abstractly, nothing runs).
 
     One row per recognised layer call (layer, method, kind, tapped, params), then a summary row:
+      raw_products: parameters read directly in a matrix product outside any layer (`h @ E.T`), tapped there;
       fallback: parameters whose per-example gradients come from the exact vmap fallback;
       fallback_bytes: memory of those per-example gradients (B x their size, float32);
       leaves: per used parameter, how its norm is computed ("ghost", "instantiated", "lookup",
@@ -422,7 +441,9 @@ def explain(loss_fn: Callable, params: Any, batch: Any, method: str = "auto",
         if i in plan.fallback:
             d = {"norm": "fallback", "bytes": 4 * B * int(np.size(leaves[i]))}
         described[paths[i]] = d
-    rows.append({"fallback": [paths[i] for i in plan.fallback],
+    rows.append({"raw_products": [{"param": paths[r.leaf], "contracted_axis": r.param_axis,
+                                   "out_shape": r.out_shape[1:]} for r in plan.raw],
+                 "fallback": [paths[i] for i in plan.fallback],
                  "fallback_bytes": sum(described[paths[i]]["bytes"] for i in plan.fallback),
                  "leaves": described})
     return rows

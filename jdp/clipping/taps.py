@@ -403,13 +403,117 @@ def _taint(jaxpr, tainted: list[bool]) -> tuple[list[bool], int]:
 
 
 @dataclasses.dataclass(frozen=True)
+class RawMatmul:
+    """A parameter read directly in a matrix product outside any recognised layer (`h @ embed.embedding.T`,
+    a decoder's `z @ W.T` with the encoder's kernel W): one `dot_general` of the loss's top-level jaxpr whose
+    operand is the 2-D leaf (through transposes / dtype casts) contracted on ONE of its axes, no batch axes.
+    Its per-example gradient is (activation)ᵀ·(output gradient), like a Dense kernel's or Embed.attend's."""
+    index: int                      # order among the loss's tapped products
+    leaf: int                       # the parameter leaf
+    param_axis: int                 # axis of the leaf that the product contracts
+    param_operand: int              # position of the parameter in dot_general: 0 (lhs) or 1 (rhs)
+    act_axis: int                   # contracted axis of the other operand (the activation)
+    out_shape: tuple[int, ...]
+    out_dtype: Any
+
+
+@dataclasses.dataclass(frozen=True)
 class Plan:
-    """Which sites are tapped and which parameter leaves are covered / fallback / unused."""
+    """Which sites (and raw products) are tapped and which parameter leaves are covered / fallback / unused."""
     sites: tuple[Site, ...]
     allowed: frozenset[int]
     covered: frozenset[int]
     fallback: tuple[int, ...]
     loss_shape: tuple[int, ...]
+    raw: tuple[RawMatmul, ...] = ()
+
+
+_CHAIN = ("transpose", "convert_element_type")  # ops through which a raw parameter may reach its product
+
+
+def raw_matmuls(jaxpr, n_leaves: int) -> tuple[list[tuple[int, RawMatmul]], set[int]]:
+    """The raw matrix products of the first `n_leaves` inputs of `jaxpr` (the parameter leaves), as
+    [(equation index, RawMatmul)] in equation order, and the leaves ALL of whose uses are such products
+    (anything else — a use in a sub-jaxpr, an elementwise op, a reshape, a product with another parameter on
+    both sides, being returned — leaves the parameter to the exact fallback)."""
+    uses: dict[Any, list[tuple[int, int]]] = {}
+    for e, eqn in enumerate(jaxpr.eqns):
+        for pos, v in enumerate(eqn.invars):
+            if isinstance(v, jex_core.Var):
+                uses.setdefault(v, []).append((e, pos))
+    returned = {v for v in jaxpr.outvars if isinstance(v, jex_core.Var)}
+    chains: dict[int, dict[Any, tuple[int, int]]] = {}   # leaf -> {var: axis permutation of the leaf}
+    for i, v in enumerate(jaxpr.invars[:n_leaves]):
+        if len(getattr(v.aval, "shape", ())) != 2:
+            continue
+        chain, todo = {v: (0, 1)}, [v]
+        while todo:
+            var = todo.pop()
+            for e, _ in uses.get(var, ()):
+                eqn = jaxpr.eqns[e]
+                name = eqn.primitive.name
+                if name == "transpose" and tuple(eqn.params["permutation"]) == (1, 0):
+                    perm = chain[var]
+                    chain[eqn.outvars[0]] = (perm[1], perm[0])
+                    todo.append(eqn.outvars[0])
+                elif name == "convert_element_type":
+                    chain[eqn.outvars[0]] = chain[var]
+                    todo.append(eqn.outvars[0])
+        chains[i] = chain
+    on_chain = {var for chain in chains.values() for var in chain}
+    found, ok = [], set()
+    for i, chain in chains.items():
+        products, good = [], bool(uses.get(jaxpr.invars[i]))
+        for var, perm in chain.items():
+            if var in returned:
+                good = False
+            for e, pos in uses.get(var, ()):
+                eqn = jaxpr.eqns[e]
+                name = eqn.primitive.name
+                if name in _CHAIN and eqn.outvars[0] in chain:
+                    continue
+                if name != "dot_general" or eqn.invars[1 - pos] in on_chain:
+                    good = False
+                    continue
+                (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+                contract = (lc, rc)
+                if lb or rb or len(contract[pos]) != 1:
+                    good = False
+                    continue
+                aval = eqn.outvars[0].aval
+                products.append((e, RawMatmul(-1, i, perm[contract[pos][0]], pos, contract[1 - pos][0],
+                                              tuple(aval.shape), aval.dtype)))
+        if good and products:
+            ok.add(i)
+            found += products
+    found.sort(key=lambda t: t[0])
+    return [(e, dataclasses.replace(r, index=k)) for k, (e, r) in enumerate(found)], ok
+
+
+def _eval_tapped(closed, args, raw_at: dict[int, RawMatmul], raw_taps):
+    """Evaluates `closed` (a ClosedJaxpr) on `args`, adding raw_taps[r.index] to the output of equation e for
+    raw_at[e] = r and recording that product's other operand (the activation). Returns (outputs,
+    {r.index: activation})."""
+    jaxpr, env, recorded = closed.jaxpr, {}, {}
+
+    def read(v):
+        return v.val if isinstance(v, jex_core.Literal) else env[v]
+
+    env.update(zip(jaxpr.constvars, closed.consts))
+    env.update(zip(jaxpr.invars, args))
+    for e, eqn in enumerate(jaxpr.eqns):
+        invals = [read(v) for v in eqn.invars]
+        with eqn.ctx.manager:
+            out = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
+        if e in raw_at:
+            r = raw_at[e]
+            recorded[r.index] = invals[1 - r.param_operand]
+            out = out + raw_taps[r.index].astype(out.dtype)
+        outs = out if eqn.primitive.multiple_results else [out]
+        for v, x in zip(eqn.outvars, outs):
+            if not isinstance(v, jex_core.DropVar):
+                env[v] = x
+    return [read(v) for v in jaxpr.outvars], recorded
 
 
 def discover(per_example_loss: Callable, leaves: Sequence[Any], treedef, example: Any,
@@ -448,41 +552,72 @@ def discover(per_example_loss: Callable, leaves: Sequence[Any], treedef, example
     direct = {i for i in range(n) if invars[i] in used}          # original leaf used outside sites
     via_site = {i for i in range(n) if invars[n + i] in used}     # leaf used by a site
     sites = tuple(tapper.sites)
-    # A module whose parameters are also used elsewhere is not tapped at all (all its leaves fall back).
-    allowed = frozenset(s.index for s in sites if not (set(s.leaf_ids) & direct))
-    covered = set()
-    for s in sites:
-        if s.index in allowed:
-            covered.update(s.leaf_ids)
+    raw, raw_ok = raw_matmuls(closed.jaxpr, n) if use_taps else ([], set())
+    # A leaf used outside sites other than in raw products falls back, and so does every leaf of a module
+    # with such a leaf (the module is not tapped at all); repeated until no site changes, so a leaf is either
+    # tapped at EVERY use (sites and raw products) or differentiated whole by the fallback.
+    fallback_leaves = direct - raw_ok
+    while True:
+        allowed = frozenset(s.index for s in sites if not (set(s.leaf_ids) & fallback_leaves))
+        grown = fallback_leaves | {i for s in sites if s.index not in allowed for i in s.leaf_ids}
+        if grown == fallback_leaves:
+            break
+        fallback_leaves = grown
+    covered = ({i for s in sites if s.index in allowed for i in s.leaf_ids} | raw_ok) - fallback_leaves
+    raw = [r for _, r in raw if r.leaf in covered]
+    raw = tuple(dataclasses.replace(r, index=k) for k, r in enumerate(raw))
     fallback = tuple(sorted((direct | via_site) - covered))
-    return Plan(sites, allowed, frozenset(covered), fallback, holder["loss_shape"])
+    return Plan(sites, allowed, frozenset(covered), fallback, holder["loss_shape"], raw)
 
 
 def run_per_example(per_example_loss: Callable, plan: Plan, leaves: Sequence[Any], treedef,
                     example: Any):
-    """Loss of one example and its gradients w.r.t. the site outputs and the fallback leaves.
+    """Loss of one example and its gradients w.r.t. the site outputs, the raw products' outputs and the
+    fallback leaves.
 
-    Returns (loss [], records {site: input}, tap_grads {site: output grad}, fallback_grads list).
-    Must be called under jax.vmap over examples (example has a leading axis of size 1 inside).
+    Returns (loss [], records {site: input}, tap_grads {site: output grad}, fallback_grads list,
+    raw_records {k: activation}, raw_grads {k: output grad}). Must be called under jax.vmap over examples
+    (example has a leading axis of size 1 inside). With raw products the loss is traced to a jaxpr once and
+    evaluated by `_eval_tapped`, which adds their taps (the layer sites' taps are already inside it).
     """
     fb = list(plan.fallback)
     taps = {k: jnp.zeros(plan.sites[k].out_shape, plan.sites[k].out_dtype) for k in plan.allowed}
+    raw_taps = {r.index: jnp.zeros(r.out_shape, r.out_dtype) for r in plan.raw}
 
-    def f(fb_leaves, taps):
-        lv = list(leaves)
-        for i, x in zip(fb, fb_leaves):
-            lv[i] = x
+    def traced(lv, site_lv, taps, ex):
         params = jax.tree.unflatten(treedef, lv)
-        tapper = _Tapper("run", lv, lv, plan.sites, plan.allowed, taps)
+        tapper = _Tapper("run", lv, site_lv, plan.sites, plan.allowed, taps)
         if plan.allowed:
             with _intercepting(tapper):
-                loss = per_example_loss(params, example)
+                loss = per_example_loss(params, ex)
         else:
-            loss = per_example_loss(params, example)
+            loss = per_example_loss(params, ex)
         if tapper.count != len(plan.sites) and plan.allowed:
             raise RuntimeError("the model's layer calls changed between traces")
         return jnp.reshape(loss, ()), tapper.records
 
-    (loss, records), (g_fb, g_taps) = jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(
-        [leaves[i] for i in fb], taps)
-    return loss, records, g_taps, g_fb
+    if plan.raw:
+        closed, out_shape = jax.make_jaxpr(traced, return_shape=True)(list(leaves), list(leaves), taps, example)
+        tapped_leaves = {r.leaf for r in plan.raw}
+        found = [(e, r) for e, r in raw_matmuls(closed.jaxpr, len(leaves))[0] if r.leaf in tapped_leaves]
+        key = [(r.leaf, r.param_axis, r.param_operand, r.act_axis, r.out_shape) for _, r in found]
+        if key != [(r.leaf, r.param_axis, r.param_operand, r.act_axis, r.out_shape) for r in plan.raw]:
+            raise RuntimeError("the loss's matrix products changed between traces; the loss must be a "
+                               "deterministic function of (params, batch)")
+        raw_at = {e: r for (e, _), r in zip(found, plan.raw)}
+        out_tree = jax.tree.structure(out_shape)
+
+    def f(fb_leaves, taps, raw_taps):
+        lv = list(leaves)
+        for i, x in zip(fb, fb_leaves):
+            lv[i] = x
+        if not plan.raw:
+            loss, records = traced(lv, lv, taps, example)
+            return loss, (records, {})
+        outs, raw_records = _eval_tapped(closed, jax.tree.leaves((lv, lv, taps, example)), raw_at, raw_taps)
+        loss, records = jax.tree.unflatten(out_tree, outs)
+        return loss, (records, raw_records)
+
+    (loss, (records, raw_records)), (g_fb, g_taps, g_raw) = jax.value_and_grad(
+        f, argnums=(0, 1, 2), has_aux=True)([leaves[i] for i in fb], taps, raw_taps)
+    return loss, records, g_taps, g_fb, raw_records, g_raw

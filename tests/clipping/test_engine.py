@@ -242,6 +242,63 @@ def test_custom_layer_and_shared_parameter():
     assert "['shared']['kernel']" in fb and "['shared']['bias']" in fb
 
 
+class HandTiedLM(nn.Module):
+    """Tying written by hand, as Flax users write it: logits = h @ embedding.T (no Embed.attend)."""
+    vocab: int = 20
+    dim: int = 6
+
+    @nn.compact
+    def __call__(self, ids):
+        emb = nn.Embed(self.vocab, self.dim)
+        h = emb(ids)
+        h = nn.LayerNorm()(h + nn.Dense(self.dim)(nn.gelu(h)))
+        return h @ emb.embedding.T
+
+
+class TiedAutoencoder(nn.Module):
+    """A decoder that reads the encoder's kernel: z = tanh(x W + b), x̂ = z Wᵀ (and one W-side product, W z')."""
+
+    @nn.compact
+    def __call__(self, x):
+        enc = nn.Dense(4, name="enc")
+        z = jnp.tanh(enc(x))
+        w = enc.variables["params"]["kernel"]                       # [7, 4]
+        return z @ w.T + 0.1 * jnp.einsum("pq,bq->bp", w, z ** 2)   # second product: the kernel as lhs
+
+
+@pytest.mark.parametrize("model,make", [
+    (HandTiedLM(), lambda: seq_batch(5, 6, 20, seed=3)),
+    (TiedAutoencoder(), lambda: {"x": jax.random.normal(jax.random.PRNGKey(5), (6, 7))}),
+])
+def test_parameter_read_directly_in_a_matmul_is_tapped(model, make):
+    """`h @ E.T` / `z @ W.T` outside any layer: the parameter is tapped at each product (with its layer sites,
+    Phantom-style for the tied embedding) instead of sent whole to the vmap fallback; exact for every method."""
+    batch = make()
+    if "y" in batch:
+        params, loss_fn, C = setup(model, batch, batch["x"], 0, clip_scale=0.5)
+    else:
+        params = model.init(jax.random.PRNGKey(0), batch["x"])["params"]
+
+        def loss_fn(p, b):
+            return jnp.sum((model.apply({"params": p}, b["x"]) - b["x"]) ** 2, axis=-1)
+        C = 0.5 * float(np.median(reference(loss_fn, params, batch, 1e6)[1]))
+    ref_sum, ref_norms = reference(loss_fn, params, batch, C)
+    for method in ("auto", "ghost", "ghost-two-pass", "bk"):
+        check(run(loss_fn, params, batch, l2_clip=C, method=method), ref_sum, ref_norms)
+    plan = jc.explain(loss_fn, params, batch)
+    assert plan[-1]["fallback"] == [] and plan[-1]["fallback_bytes"] == 0
+    assert plan[-1]["raw_products"]
+
+    # the same parameter also read outside any product (a penalty): the whole parameter falls back, exactly
+    def loss_reg(p, b):
+        leaf = p["Embed_0"]["embedding"] if "Embed_0" in p else p["enc"]["kernel"]
+        return loss_fn(p, b) + 0.01 * jnp.sum(leaf ** 2)
+
+    ref_sum, ref_norms = reference(loss_reg, params, batch, C)
+    check(run(loss_reg, params, batch, l2_clip=C), ref_sum, ref_norms)
+    assert jc.explain(loss_reg, params, batch)[-1]["fallback"]
+
+
 def test_normalized_and_per_layer_clipping():
     model = MLP()
     x = jax.random.normal(jax.random.PRNGKey(4), (5, 7))

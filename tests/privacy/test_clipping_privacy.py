@@ -320,3 +320,40 @@ def test_chunked_accumulate_adds_at_most_one_clip_bound_per_added_unit():
     norm7 = float(jc.clipped_grad(loss_fn, params, take([7]), l2_clip=C).norms[0])
     assert norm7 > C  # the added unit is clipped: the bound is attained
     assert np.linalg.norm(worst - base) == pytest.approx(C, rel=SENS_REL * 10)
+
+
+# ------------------------------------------------------------------------------------------ shared leaves
+@pytest.mark.parametrize("method", ["auto", "ghost", "ghost-two-pass"])
+def test_a_leaf_shared_with_an_untapped_layer_is_differentiated_at_every_use(method):
+    """Regression: two nnx layers share one kernel and the second layer's bias is also read outside it (a
+    penalty), so the second layer cannot be tapped. Before the fix the shared kernel still counted as covered
+    by the first layer's taps and the second layer's use of it was never differentiated: per-example norms
+    came out too small (5.36 instead of 6.06 for one example) and clipped examples could exceed C. Now every
+    leaf of an untapped layer falls back whole; norms equal vmap(grad)'s and each contribution is ≤ C."""
+    from flax import nnx
+
+    class Shared(nnx.Module):
+        def __init__(self, rngs):
+            self.a = nnx.Linear(4, 4, rngs=rngs)
+            self.b = nnx.Linear(4, 4, rngs=rngs)
+            self.b.kernel = self.a.kernel      # one kernel, two layers
+
+        def __call__(self, x):
+            return self.b(jnp.tanh(self.a(x)))
+
+    graphdef, params = nnx.split(Shared(nnx.Rngs(0)), nnx.Param)
+
+    def loss_fn(p, b):
+        out = nnx.merge(graphdef, p)(b["x"])
+        return jnp.sum(out ** 2, -1) + jnp.sum(p["b"]["bias"][...] ** 2) * jnp.sum(b["x"], -1)
+
+    batch = {"x": jax.random.normal(jax.random.PRNGKey(1), (B, 4))}
+    per = jc.per_example_grads_reference(loss_fn, params, batch)
+    norms = np.sqrt(sum((np.asarray(g, np.float64).reshape(B, -1) ** 2).sum(1) for g in jax.tree.leaves(per)))
+    clip = float(np.median(norms))
+    cg = jc.clipped_grad(loss_fn, params, batch, l2_clip=clip, method=method)
+    np.testing.assert_allclose(np.asarray(cg.norms), norms, rtol=REL)
+    for b in range(B):
+        one = jc.clipped_grad(loss_fn, params, jax.tree.map(lambda v: v[b:b + 1], batch), l2_clip=clip, method=method)
+        total = np.sqrt(sum(float(jnp.sum(jnp.asarray(g, jnp.float32) ** 2)) for g in jax.tree.leaves(one.grad_sum)))
+        assert total <= clip * (1 + SENS_REL)
