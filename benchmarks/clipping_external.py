@@ -8,6 +8,7 @@ Models (each a per-example cross-entropy on synthetic data of the right shape):
   lstm_classifier  Embed + nn.RNN(OptimizedLSTMCell) + Dense (Flax's SST-2 example style)
   lm_tied        decoder-only LM: Embed, MultiHeadDotProductAttention, LayerNorm, MLP, tied `attend`
                  (V=20k, d=64, L=50, 2 blocks)
+  lm_tied_by_hand  the same LM tied by hand: logits = h @ embed.embedding.T
   nnx_cnn        the MNIST CNN written with flax.nnx (nnx.split / nnx.merge)
 Methods: nonprivate (grad of the summed loss), jdp-auto, jdp-ghost, jdp-two-pass, jdp-vmap (= plain
 vmap(grad) per-example gradients), jax_privacy when it is installed. One Adam step each, timed side
@@ -86,6 +87,7 @@ class TiedLM(nn.Module):
     dim: int = 64
     max_len: int = 50
     blocks: int = 2
+    by_hand: bool = False   # tie as many users write it: h @ embed.embedding.T instead of embed.attend(h)
 
     @nn.compact
     def __call__(self, ids):
@@ -95,7 +97,8 @@ class TiedLM(nn.Module):
         for _ in range(self.blocks):
             h = h + nn.MultiHeadDotProductAttention(num_heads=1)(nn.LayerNorm()(h), mask=mask)
             h = h + nn.Dense(self.dim)(nn.gelu(nn.Dense(4 * self.dim)(nn.LayerNorm()(h))))
-        return embed.attend(nn.LayerNorm()(h))
+        h = nn.LayerNorm()(h)
+        return h @ embed.embedding.T if self.by_hand else embed.attend(h)
 
 
 class NnxCNN(nnx.Module):
@@ -137,8 +140,8 @@ def build(name: str, B: int):
         return _linen(ResNet18(), jax.random.normal(k1, (B, 32, 32, 3)), jax.random.randint(k2, (B,), 0, 10))
     if name == "lstm_classifier":
         return _linen(LSTMClassifier(), jax.random.randint(k1, (B, 50), 0, 5000), jax.random.randint(k2, (B,), 0, 2))
-    if name == "lm_tied":
-        return _lm(TiedLM(), jax.random.randint(k1, (B, 51), 0, 20000))
+    if name in ("lm_tied", "lm_tied_by_hand"):
+        return _lm(TiedLM(by_hand=name == "lm_tied_by_hand"), jax.random.randint(k1, (B, 51), 0, 20000))
     if name == "nnx_cnn":
         graphdef, params = nnx.split(NnxCNN(nnx.Rngs(1)), nnx.Param)
 
@@ -148,7 +151,8 @@ def build(name: str, B: int):
     raise ValueError(f"unknown model {name!r}")
 
 
-BATCH = {"mnist_cnn": 256, "resnet18_cifar": 128, "lstm_classifier": 256, "lm_tied": 256, "nnx_cnn": 256}
+BATCH = {"mnist_cnn": 256, "resnet18_cifar": 128, "lstm_classifier": 256, "lm_tied": 256, "lm_tied_by_hand": 256,
+         "nnx_cnn": 256}
 
 
 def table(rows: list[dict]) -> str:
