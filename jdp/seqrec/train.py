@@ -234,14 +234,17 @@ def length_chunks(lengths: np.ndarray, windows: np.ndarray, rows: int) -> list[t
     Longest users first; a chunk takes the next rows // window users, window = the smallest of `windows`
     (sorted, last = maxlen) that fits the chunk's longest user. Every chunk is full except the last (the
     shortest users), which is padded (repeating its first entry, masked by the caller) to a power of two,
-    so a run compiles few shapes. Every user is in exactly one chunk."""
+    so a run compiles few shapes; a step that fits in ONE chunk is padded to the full chunk (one shape for
+    the whole run: `chunk_rows` ≥ the largest sample × maxlen makes every step a single compiled call).
+    Every user is in exactly one chunk."""
     order = np.argsort(-np.asarray(lengths), kind="stable")
     out, i = [], 0
     while i < order.size:
         w = int(windows[min(np.searchsorted(windows, lengths[order[i]]), windows.size - 1)])
         full = max(1, rows // w)
         part = order[i:i + full]
-        size = full if part.size == full else min(full, 1 << int(np.ceil(np.log2(part.size))))
+        only = i == 0 and part.size == order.size  # the whole step in one chunk
+        size = full if part.size == full or only else min(full, 1 << int(np.ceil(np.log2(part.size))))
         out.append((w, np.concatenate([part, np.repeat(part[:1], size - part.size)]), part.size))
         i += part.size
     return out

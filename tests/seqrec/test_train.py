@@ -143,6 +143,10 @@ def test_length_chunks_cover_every_user_once_in_a_window_that_fits():
         assert lengths[pos[:n]].max() <= w and (w == 1 or lengths[pos[:n]].max() > windows[windows < w].max())
         assert pos.size == max(1, 64 // w) or (pos.size & (pos.size - 1) == 0 and (w, pos, n) is chunks[-1])
     assert sum(n for _, _, n in chunks[:-1]) + chunks[-1][2] == 300
+    # a step that fits in one chunk is padded to the full chunk: the same compiled shape for every step
+    for n_users in (37, 50, 64):
+        (w, pos, n), = train.length_chunks(lengths[:n_users], np.array([50]), rows=64 * 50)
+        assert (w, pos.size, n) == (50, 64, n_users)
 
 
 @pytest.mark.slow  # CI runs it (make test-slow)
