@@ -232,8 +232,13 @@ def render() -> str:
                   "mirrored by one gather (`jdp.noise.keyed_gram_noise`). Both skip LAPACK's symmetrising pass "
                   "(the input is symmetric). The two take the same time: the step is bound by the user solves, where "
                   "XLA's batched Cholesky and triangular solves cost ≈ 25 µs per 65×65 system and its batched "
-                  "matmul runs on one core. Earlier run of this table (commit 3c53aa3, a slower 2-core CPU whose "
-                  "dense rate was 56 GFLOP/s, the step then 21.0 s, Gram 29%) is not comparable machine to machine.", ""]
+                  "matmul runs on one core. The step time follows the machine more than the code: the same step code "
+                  "(unchanged since f52fd17) took 10.8 s (Gram 27% of dense) in the previous run of this table, on a "
+                  "2-core CPU whose dense rate was 192.5 GFLOP/s, against 309 GFLOP/s here, so the ≤ 10 s target is "
+                  "met on this machine only; the Gram's share of the dense rate, the machine-independent target, is "
+                  "missed on both. Compile: the first step (tracing + XLA compilation of the user and item programs) "
+                  "minus a steady one, once per fit. An earlier run (commit 3c53aa3, a 2-core CPU at 56 GFLOP/s: step "
+                  "21.0 s, Gram 29%) is not comparable machine to machine either.", ""]
     solver, _ = _load("altmin_solver")
     if solver:
         lines += ["### Private item solve: Cholesky (adaptive ridge) vs the PSD projection by eigh it replaced", "",
