@@ -46,8 +46,17 @@ def _nodes(q: np.ndarray, b: np.ndarray, two_sided: bool) -> tuple[np.ndarray, n
         steps = int(np.ceil(np.log2(_TAIL * np.max(b / r)))) + 3
         down = r[..., None] * 2.0 ** np.arange(-2.0, steps - 2.0)
         down = np.minimum(down, _TAIL * b[..., None])
-        pts.append((q[..., None] - down).reshape(*q.shape[:-1], -1))
+        below = q[..., None] - down  # [..., k, steps]
+        # Below another kink q_i < q_j with b_i ≥ b_j, candidate i's own ladder is at least as fine
+        # (r_i ≤ r_j: more candidates lie above q_i) and reaches at least as far down (q_i − 45·b_i ≤
+        # q_j − 45·b_j), so j's points there are redundant: they are replaced by the kink q_i itself.
+        under = (q[..., None, :] < q[..., :, None]) & (b[..., None, :] >= b[..., :, None])  # [..., j, i]
+        floor = np.max(np.where(under, q[..., None, :], -np.inf), axis=-1)  # highest such kink below q_j
+        below = np.where(below < floor[..., None], floor[..., None], below)
+        pts.append(below.reshape(*q.shape[:-1], -1))
     br = np.sort(np.clip(np.concatenate(pts, axis=-1), lo, hi), axis=-1)
+    if br.ndim == 2 and br.shape[0] == 1:  # one row: drop repeated breakpoints (empty panels cost nodes)
+        br = np.unique(br)[None]
     x, w = _GAUSS
     a, c = br[..., :-1, None], br[..., 1:, None]
     half = (c - a) / 2.0
@@ -62,6 +71,7 @@ def _rows(q: np.ndarray, b: np.ndarray, fn: Callable) -> np.ndarray:
     qf, bf = q.reshape(-1, k), b.reshape(-1, k)
     per_row = 16 * 48 * k * k  # ≤ 48 breakpoints per candidate × 16 nodes, times k candidates
     chunk = max(1, _MAX_ELEMENTS // per_row)
+    chunk = 1 if chunk < 4 else chunk  # large rows one at a time: `_nodes` then drops repeated breakpoints
     out = [fn(qf[i:i + chunk], bf[i:i + chunk]) for i in range(0, qf.shape[0], chunk)]
     return np.concatenate(out, 0).reshape(*lead, k) if out else np.zeros(q.shape)
 
