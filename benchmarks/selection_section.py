@@ -20,7 +20,10 @@ def speed_section(r) -> list[str]:
     out = ["### Speed (`benchmarks/results/selection_speed.json`)", "",
            f"Command: `{r['command']}` — device `{r['device']}`, commit `{r['git_commit']}`, ε = {r['epsilon']}. "
            "All rows come from one process run side by side (absolute numbers drift between runs on this VM; "
-           "compare ratios). Timings exclude compilation and include input validation.", "",
+           "compare ratios). Timings exclude compilation and include input validation. Every sampler runs in "
+           "float64 since 8f21961 (the row maximum is subtracted in float64 and the noise is drawn in float64: a "
+           "float32 cast before the mechanism can void ε), which is why the jdp rows are 1.5–3× slower than the "
+           "float32 table of 358f4f0 this replaces (e.g. GEM at k = 100: 3.9·10⁵ vs 1.26·10⁶ selections/s).", "",
            "| mechanism | k=10 | k=100 | k=1000 | × diffprivlib EM (k=100, object reused) | × plain jitted argmax+noise (k=100) "
            "| compile s (k=100, 10⁴ problems) |",
            "|---|---|---|---|---|---|---|"]
