@@ -45,7 +45,7 @@ from jdp.multitask import gram, noisy_gd
 from jdp.multitask.counts import count_releases, label_sum_releases, private_counts, private_mean
 from jdp.multitask.noisy_gd import NoisyGDConfig, noisy_gd_releases
 from jdp.multitask.ssp import check_user_budget, solve_tasks, ssp_releases, task_mesh
-from jdp.multitask.weights import adaptive_weights, tail_sampling_weights, uniform_sampling_weights
+from jdp.multitask.weights import adaptive_weights, tail_sampling_weights, task_weights, uniform_sampling_weights
 from jdp.noise import clip_by_norm, seeded_key
 from jdp.validation import check_delta, check_epsilon, check_positive
 
@@ -735,7 +735,6 @@ SGD_STEP = 1.0  # item_step_sizes: at most one Newton step (at the typical clip 
 
 def adaptive_item_weights(counts: np.ndarray, cfg: AltMinConfig, n_users: int) -> np.ndarray:
     """ω_i (eq. 16) from the released counts: every weight of item i is ≤ ω_i (post-processing)."""
-    from jdp.multitask.weights import task_weights
     return np.asarray(task_weights(jnp.asarray(counts), cfg.mu, n_users, float(cfg.budget)))
 
 
