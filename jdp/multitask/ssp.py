@@ -10,7 +10,9 @@ and likewise ‖Δb‖² = Σ_i w_ij² y_ij² ‖x_ij‖² ≤ β Γx² Γy²; t
 feature and label is at its maximum, whatever the directions of the x_ij. This needs each task at
 most ONCE per user: c copies of (i, j) add c·w x xᵀ to ONE block, i.e. √c times the bound for the
 same Σ w² (the copies are perfectly aligned), so duplicate (task, user) pairs are rejected
-(`jdp.data.check_unique_pairs`). Â = A + Γx²√β·σ·Ξ (Ξ symmetric, iid upper triangle) and
+(`jdp.data.check_unique_pairs`). Labels may instead be bounded per USER (`clip_label_norms`): with
+Σ_i w_ij² y_ij² ≤ L² the same sum gives ‖Δb‖ ≤ Γx·L, i.e. the per-label bound Γy = L/√β in every formula
+here; a user whose weighted residuals are mostly small keeps a few large ones, and only users above L shrink. Â = A + Γx²√β·σ·Ξ (Ξ symmetric, iid upper triangle) and
 b̂ = b + Γx·Γy·√β·σ·ξ are two Gaussian releases with noise multiplier σ. θ̂_i = (Â_i + λ_i I)⁻¹ b̂_i is
 post-processing: λ_i = λ when Â_i is positive definite (then θ̂_i IS the paper's (PSD(Â_i) + λI)⁻¹ b̂_i),
 otherwise a larger ridge λ + τ_i with τ_i > |λ_min(Â_i)| found by Cholesky tests on the released Â_i
@@ -221,6 +223,15 @@ def task_mesh(n_shards: int | None = None) -> Mesh | None:
     if n < 1 or n > len(devices):
         raise ValueError(f"n_shards must be in [1, {len(devices)}], got {n_shards}")
     return None if n == 1 else Mesh(np.asarray(devices[:n]), ("tasks",))
+
+
+def clip_label_norms(user: jax.Array, weights: jax.Array, labels: jax.Array, n_users: int, bound: float) -> jax.Array:
+    """Labels scaled per user so that √(Σ_i w_ij² y_ij²) ≤ `bound` (a per-user transformation of the user's own
+    rows): b's sensitivity is then Γx·bound (module docstring), whatever the per-label bound."""
+    check_positive(bound, "bound")
+    norm2 = jax.ops.segment_sum((weights * labels) ** 2, user, num_segments=n_users)
+    scale = jnp.minimum(1.0, bound / jnp.sqrt(jnp.maximum(norm2, 1e-30)))
+    return labels * scale[user]
 
 
 def check_user_budget(user: np.ndarray, weights: np.ndarray, n_users: int, beta: float) -> None:

@@ -21,7 +21,7 @@ from jdp.multitask import gram
 from jdp.multitask import weights as W
 from jdp.multitask.counts import private_counts
 from jdp.multitask.noisy_gd import NoisyGDConfig, task_weighted_noisy_gd
-from jdp.multitask.ssp import record_ssp_releases
+from jdp.multitask.ssp import clip_label_norms, record_ssp_releases
 
 
 @pytest.fixture(scope="module")
@@ -218,6 +218,64 @@ def test_ssp_statistics_worst_case_user_within_recorded_sensitivity():
         da, db = np.linalg.norm(a1 - a0), np.linalg.norm(b1 - b0)
         assert da <= sens_a * (1 + 1e-4) and db <= sens_b * (1 + 1e-4), (label, da, sens_a, db, sens_b)
         assert da >= sens_a * (1 - 3e-3) and db >= sens_b * (1 - 3e-3)  # tight: the worst case is tested
+
+
+def test_ssp_label_norm_clip_worst_case_user_within_recorded_sensitivity():
+    """Labels bounded per user (Σ_i w_ij² y_ij² ≤ L², `clip_label_norms`): the worst user (every label at the
+    per-rating clip, features aligned at the clip, the whole weight budget) moves the rhs stack by exactly Γx·L,
+    the b sensitivity of the releases recorded with the per-rating bound L/√β. A user under L is untouched."""
+    rng = np.random.default_rng(4)
+    m, n, d, beta, gx, gy = 20, 30, 3, 9.0, 1.5, 2.0
+    bound = 0.5 * np.sqrt(beta) * gy
+    user, task = np.nonzero(rng.random((n - 1, m)) < 0.3)
+    x = rng.normal(size=(user.size, d)).astype(np.float32)
+    x *= np.minimum(1.0, gx / np.linalg.norm(x, axis=1, keepdims=True))
+    y = rng.uniform(-gy, gy, user.size).astype(np.float32)
+    e1 = np.zeros(d, np.float32); e1[0] = gx
+    items = np.arange(m)
+    u_all, t_all = np.r_[user, np.full(m, n - 1)], np.r_[task, items]
+    x_all, y_all = np.r_[x, np.tile(e1, (m, 1))], np.r_[y, np.full(m, gy, np.float32)]
+    counts = jnp.asarray(np.bincount(task, minlength=m).astype(np.float32) + 1.0)
+    w = np.asarray(W.adaptive_weights(counts, jnp.asarray(u_all), jnp.asarray(t_all), n, beta, 0.5, "normalize"))
+    y_clipped = np.asarray(clip_label_norms(jnp.asarray(u_all), jnp.asarray(w), jnp.asarray(y_all), n, bound))
+    per_user = np.sqrt(np.bincount(u_all, weights=(w * y_clipped) ** 2, minlength=n))
+    assert per_user.max() <= bound * (1 + 1e-5)
+    small = np.sqrt(np.bincount(u_all, weights=(w * y_all) ** 2, minlength=n)) < bound
+    np.testing.assert_array_equal(y_clipped[small[u_all]], y_all[small[u_all]])
+    rep = PrivacyReport(1e-5)
+    record_ssp_releases(rep, 1.0, beta, gx, bound / np.sqrt(beta))
+    sens_b = rep.releases[1].sensitivity
+    assert sens_b == pytest.approx(gx * bound)
+    _, b1 = _stacked_gram(t_all, x_all, y_clipped, w, m)
+    _, b0 = _stacked_gram(t_all, x_all, y_clipped, np.where(u_all == n - 1, 0.0, w), m)
+    db = np.linalg.norm(b1 - b0)
+    assert sens_b * (1 - 1e-3) <= db <= sens_b * (1 + 1e-4)
+
+
+def test_fit_bounds_every_users_label_norm_before_the_ssp_item_update(ratings, monkeypatch):
+    """`fit` hands the SSP item update labels with √(Σ_i w_ij² y_ij²) ≤ cfg.label_norm for EVERY user, the bound
+    its recorded b release assumes (sensitivity Γx·L), including a user who rates every item at an extreme (residuals at the per-rating clip)."""
+    from jdp.altmin import model as altmin_model
+    data = _with_rows(ratings, np.full(ratings.n_items, ratings.n_users), np.arange(ratings.n_items),
+                      np.where(np.arange(ratings.n_items) % 2 == 0, 0.5, 5.0), n_users=ratings.n_users + 1)
+    seen = []
+    original = altmin_model._RidgeItemUpdate.__call__
+
+    def spy(self, v, c, feats, labels, key):
+        seen.append((np.asarray(self.weights), np.asarray(labels)))
+        return original(self, v, c, feats, labels, key)
+
+    monkeypatch.setattr(altmin_model._RidgeItemUpdate, "__call__", spy)
+    for method in ("ada-dpals", "dpals-uniform"):
+        model = fit(data, _cfg(method, rating_range=(0.5, 5.0), label_norm=3.0), seed=0)
+        cfg = model.config
+        assert cfg.label_norm == 3.0 and cfg.label_bound == pytest.approx(3.0 / np.sqrt(cfg.budget))
+        b_release = [r for r in model.report.releases if r.name.endswith("b (rhs)")][0]
+        assert b_release.sensitivity == pytest.approx(cfg.item_feature_bound * 3.0)
+        w, labels = seen[-1]
+        per_user = np.sqrt(np.bincount(data.user, weights=(w * labels) ** 2, minlength=data.n_users))
+        assert per_user.max() <= 3.0 * (1 + 1e-5)
+        assert per_user[-1] == pytest.approx(3.0, rel=1e-4)  # the extreme user sits on the bound
 
 
 def test_ssp_release_of_an_item_whose_only_user_is_removed_is_still_noise():
