@@ -132,8 +132,8 @@ class AltMinConfig:
     label_clip: float | None = None      # Γy on residual ratings; default half the rating range
     label_norm: float | None = None      # L: SSP item update, each user's weighted residuals scaled to
                                          # √(Σ_i w_ij² y_ij²) ≤ L (b's sensitivity Γx·L instead of Γx·√k·Γy).
-                                         # Default √k·Γy/2: k residuals at the public residual scale s = Γy/2,
-                                         # half the per-rating worst case; only users above it shrink
+                                         # Default at rank 0 (`default_label_norm`): √k·Γy/2; with factors: none
+                                         # (a value ≥ √k·Γy never binds)
     rating_range: tuple[float, float] = (0.5, 5.0)  # PUBLIC rating scale
     global_mean: str | float | None = None  # μ. 'prior' (private default): the public midpoint of rating_range,
                                          # no ε spent: the user biases absorb the offset; a float: a public prior
@@ -212,10 +212,10 @@ class AltMinConfig:
                              f"got {dim}, {steps}")
         label_clip = self.label_clip if self.label_clip is not None else 0.5 * (hi - lo)
         check_positive(label_clip, "label_clip")
-        label_norm = None
+        label_norm = None  # only the private SSP update bounds label norms
         if self.private and self.parsed_method.rule == RIDGE:
-            label_norm = check_positive(self.label_norm if self.label_norm is not None
-                                        else 0.5 * math.sqrt(self.budget) * label_clip, "label_norm")
+            label_norm = (check_positive(self.label_norm, "label_norm") if self.label_norm is not None
+                          else default_label_norm(dim, self.budget, label_clip))
         bias_clip = check_positive(self.bias_clip if self.bias_clip is not None else (self.user_clip if self.private else 1.0),
                                    "bias_clip")
         per_rating = self.reg_per_rating if self.reg_per_rating is not None else not self.private
@@ -452,6 +452,8 @@ def plan_run(cfg: AltMinConfig, n_users: int, n_items: int) -> RunPlan:
             # ε = 5, rank 4: 0.922 vs zero cost 0.912): biases only unless the caller sets dim
             dim = 0
         cfg = dataclasses.replace(cfg, dim=dim)
+        if cfg.parsed_method.rule == RIDGE and cfg.label_norm is None:  # the caller left it to the default
+            cfg = dataclasses.replace(cfg, label_norm=default_label_norm(dim, cfg.budget, cfg.label_clip))
         if dim == 0 and not steps_given and cfg.steps > 1:
             cfg = dataclasses.replace(cfg, steps=1)
             noise = calibrate_noise(cfg)
@@ -513,6 +515,22 @@ def item_ridge(cfg: AltMinConfig, noise_multiplier: float, tau2: float | None = 
     count_ridge = np.array([g0**2 * s2 / tau2, noise_multiplier**2 * k * gy**2 * clip_x**2 / tau2, 0.0, g0**2, 0.0],
                            np.float32)
     return lam, count_ridge
+
+
+def default_label_norm(dim: int | None, budget: int, label_clip: float) -> float | None:
+    """Default per-user label norm bound L of the private SSP item update (`clip_label_norms`), from public values.
+
+    Rank 0 (item biases only, the low signal-to-noise regime `default_dim` picks): L = √k·Γy/2, the norm of k
+    residuals at the public residual scale Γy/2, which halves b's sensitivity (√k·Γx·Γy → Γx·L) and shrinks only
+    users with many large residuals. With factors (dim > 0: a direction's signal-to-noise ≥ MIN_DIRECTION_SNR) None,
+    no per-user bound: there the shrinkage bias costs more than the noise saved. Measured (test RMSE, ada-dpals,
+    defaults otherwise): rank 0, ML-100K 1.0106 → 0.9956 at ε = 5 and 0.9706 → 0.9638 at ε = 20 (validation, 2
+    splits), ML10M-calibrated synthetic at ε = 1 0.8228 → 0.8150 (1/5 size), 0.8233 → 0.8141 (full size, 2 seeds);
+    rank 4, full size, 2 seeds: 0.7975 → 0.8038 at ε = 5, and 0.7653 → 0.7795 at ε = 20 (1 seed).
+    None while the rank is unknown (`plan_run` fills it in with the rank)."""
+    if dim is None or dim > 0:
+        return None
+    return 0.5 * math.sqrt(budget) * label_clip
 
 
 def default_dim(n_users: int, n_items: int, budget: int, noise_multiplier: float, signal_share: float = 1.0) -> int:

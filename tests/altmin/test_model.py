@@ -7,7 +7,7 @@ import pytest
 
 from jdp.accounting import compute_epsilon
 from jdp.altmin import METHODS, AltMinConfig, Method, calibrate_noise, fit
-from jdp.altmin.model import MIN_DIRECTION_SNR, NOISY_GD, RIDGE, candidate_event, default_dim, item_ridge
+from jdp.altmin.model import MIN_DIRECTION_SNR, NOISY_GD, RIDGE, candidate_event, default_dim, item_ridge, plan_run
 from jdp.altmin.experiment import rating_experiment
 from jdp.data import planted_movielens, planted_powerlaw, split_ratings
 
@@ -36,13 +36,13 @@ def test_report_composes_every_release_to_the_target(small, method, names):
     assert all(r.count == (2 if "SSP" in r.name else 4) for r in steps)
     # the composed event of the report equals the calibrated structure
     assert compute_epsilon(rep.event(), 1e-5) == pytest.approx(2.0, rel=1e-3)
-    # SSP noise scales: std = σ·√k·Γ² on A, σ·Γ·L on b (L = √k·Γy/2, each user's label norm bound)
+    # SSP noise scales: std = σ·√k·Γ² on A, σ·√k·Γ·Γy on b (with factors no per-user label norm bound by default)
     if "SSP" in names[-1]:
         a, b = rep.releases[-2], rep.releases[-1]
         g = np.hypot(model.config.user_clip, model.config.bias_clip)  # ‖[clip(u, Γ), γ₀]‖; √k = 10, Γy = 2.25
         assert g == pytest.approx(0.5 * np.sqrt(2))  # defaults Γ = γ₀ = 0.5
-        assert model.config.label_norm == pytest.approx(10.0 * 2.25 / 2)
-        assert a.sensitivity == pytest.approx(10.0 * g**2) and b.sensitivity == pytest.approx(g * 11.25)
+        assert model.config.label_norm is None
+        assert a.sensitivity == pytest.approx(10.0 * g**2) and b.sensitivity == pytest.approx(10.0 * g * 2.25)
         assert a.noise_scale / a.sensitivity == pytest.approx(model.noise_multiplier)
 
 
@@ -217,7 +217,11 @@ def test_invalid_inputs(small):
         fit(train, AltMinConfig(method="ada-dpals", budget=0))
     with pytest.raises(ValueError, match="label_norm"):
         fit(train, AltMinConfig(method="ada-dpals", label_norm=-1.0))
-    # the per-user label norm belongs to the SSP update only: unset for noisy GD and the non-private reference
+    # the per-user label norm belongs to the SSP update only, by default at rank 0 (L = √k·Γy/2 = 10·2.25/2)
+    assert AltMinConfig(method="ada-dpals", dim=0).resolve().label_norm == pytest.approx(11.25)
+    assert AltMinConfig(method="ada-dpals", dim=4).resolve().label_norm is None
+    assert AltMinConfig(method="ada-dpals", dim=4, label_norm=3.0).resolve().label_norm == 3.0
+    assert plan_run(AltMinConfig(method="dpals-tail", epsilon=1.0), 943, 1682).config.label_norm == pytest.approx(11.25)
     assert AltMinConfig(method="ada-dpsgd").resolve().label_norm is None
     assert AltMinConfig(method="als").resolve().label_norm is None
 
