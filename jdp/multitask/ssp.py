@@ -72,14 +72,32 @@ def record_ssp_releases(report: PrivacyReport, noise_multiplier: float, beta: fl
         report.add_release(r)
 
 
+INVERSE_COUNT_GRID = 512  # log-spaced count values of the posterior in `inverse_count`
+
+
+def inverse_count(n_hat: jax.Array, noise_std, n_max) -> jax.Array:
+    """E[1/n | n̂]: the posterior mean of 1/n for a count observed as n̂ = n + N(0, noise_std²), under the public,
+    scale-free prior p(n) ∝ 1/n on [1, n_max] (post-processing of a released count). Where the noise is small
+    against the count (noise_std ≤ 5% of n̂, or 0: an exact count) it is 1/max(n̂, 1). Where the noise is large the
+    prior's mass at small counts dominates, so a count that came out high by noise does not pass for a large one:
+    a ridge ∝ E[1/n] keeps shrinking what such a task releases (a plug-in 1/n̂ would not)."""
+    n_hat = jnp.asarray(n_hat, jnp.float32)
+    plug_in = 1.0 / jnp.maximum(n_hat, 1.0)
+    grid = jnp.exp(jnp.linspace(0.0, jnp.log(jnp.maximum(n_max, 2.0)), INVERSE_COUNT_GRID))  # equal prior mass each
+    z = jnp.clip((n_hat[:, None] - grid[None, :]) / jnp.maximum(noise_std, 1e-30), -1e18, 1e18)  # z² stays finite
+    post = jax.nn.softmax(-0.5 * z**2, axis=1)
+    exact = (noise_std <= 0) | (noise_std <= 0.05 * n_hat)
+    return jnp.where(exact, plug_in, post @ (1.0 / grid))
+
+
 def _task_ridge(a, lam, count_ridge):
-    """Per-task ridge max(lam, offset + inverse / max(n_i − shift, 1) + per_count·n_i), n_i = A_i[-1, -1] / unit: the
-    task's weighted count read off its (released, when noisy) Gram through a constant last feature √unit;
-    `shift` lowers a noisy count to a lower confidence bound."""
-    offset, inverse, per_count, unit, shift = (count_ridge[i] for i in range(5))
+    """Per-task ridge max(lam, offset + inverse·E[1/n_i] + per_count·n_i), n_i = A_i[-1, -1] / unit: the task's
+    weighted count read off its (released, when noisy) Gram through a constant last feature √unit, with E[1/n_i]
+    from `inverse_count` (noise std count_noise, prior up to count_max; 1/max(n_i, 1) for an exact count)."""
+    offset, inverse, per_count, unit, count_noise, count_max = (count_ridge[i] for i in range(6))
     n = a[:, -1, -1] / unit
     return jnp.maximum(jnp.asarray(lam, a.dtype),
-                       offset + inverse / jnp.maximum(n - shift, 1.0) + per_count * jnp.maximum(n, 0.0))
+                       offset + inverse * inverse_count(n, count_noise, count_max) + per_count * jnp.maximum(n, 0.0))
 
 
 def _cholesky_jnp(m):
@@ -179,15 +197,16 @@ def solve_tasks(feats: jax.Array, classes, class_tasks, stack_index: jax.Array, 
     the shards run in turn on one device (which also bounds memory for very many tasks). Sharded
     results come back to the device(s) of `feats`, so a training loop keeps one input layout (and one
     compilation) from step to step.
-    `count_ridge` (the last feature must be a constant γ₀): [offset, inverse, per_count, γ₀², shift] gives task i
-    the ridge max(lam, offset + inverse / max(n_i − shift, 1) + per_count·n_i) with n_i = Â_i[-1, -1] / γ₀² the task's
-    weighted count as the (noisy, when private) Gram holds it: e.g. a posterior ridge for a private release
+    `count_ridge` (the last feature must be a constant γ₀): [offset, inverse, per_count, γ₀², count_noise, count_max]
+    gives task i the ridge max(lam, offset + inverse·E[1/n_i] + per_count·n_i) with n_i = Â_i[-1, -1] / γ₀² the task's
+    weighted count as the (noisy, when private) Gram holds it and E[1/n_i] its posterior mean given the count's noise
+    std (`inverse_count`; 0: exact, 1/max(n_i, 1)): e.g. a posterior ridge for a private release
     (computed from released values only), or a ridge proportional to the count for the non-private reference.
     `bias_stats`: two more columns per task, Â_i[-1, -1] and b̂_i[-1] (the released noisy count and label sum
     of the constant feature), for post-processing such as an empirical-Bayes prior.
     """
     if count_ridge is None:  # every task keeps lam
-        count_ridge = jnp.asarray([0.0, 0.0, 0.0, 1.0, 0.0], jnp.float32)
+        count_ridge = jnp.asarray([0.0, 0.0, 0.0, 1.0, 0.0, 1.0], jnp.float32)
     args = (feats, classes, class_tasks, stack_index, key, std_a, std_b, lam, count_ridge)
     if mesh is None or isinstance(feats, jax.core.Tracer):
         return _solve_tasks(*args, mesh=mesh, noisy=noisy, stats=bias_stats)

@@ -119,13 +119,13 @@ def test_small_epsilon_falls_back_to_biases_and_one_step(small):
 
 def test_item_ridge_grows_with_the_noise_so_item_biases_vanish():
     cfg = AltMinConfig(method="dpals-uniform", epsilon=1.0, dim=0).resolve()
-    ridge = [item_ridge(cfg, s) for s in (0.1, 1.0, 10.0, 100.0)]
+    ridge = [item_ridge(cfg, s, 1000) for s in (0.1, 1.0, 10.0, 100.0)]
     assert all(lam == 0.0 for lam, _ in ridge)  # rank 0: no factor ridge
     scales = [cr[1] for _, cr in ridge]  # the count-dependent part grows like σ²
     assert scales == sorted(scales) and scales[-1] / scales[-2] == pytest.approx(100, rel=1e-4)
-    lam4, cr4 = item_ridge(dataclasses.replace(cfg, dim=4), 1.0)
+    lam4, cr4 = item_ridge(dataclasses.replace(cfg, dim=4), 1.0, 1000)
     assert lam4 > 0 and cr4[3] == pytest.approx(cfg.bias_clip**2)
-    assert item_ridge(dataclasses.replace(cfg, biases=False, dim=4), 1.0)[1] is None
+    assert item_ridge(dataclasses.replace(cfg, biases=False, dim=4), 1.0, 1000)[1] is None
 
 
 def test_noisy_gd_item_steps_come_from_the_noise_and_released_counts():
@@ -174,7 +174,7 @@ def test_count_ridge_uses_each_tasks_released_count():
     y = rng.normal(0, 1, task.size).astype(np.float32)
     plan = gram.build_plan(task, np.arange(task.size), None, 3)
     classes, stack_index = gram.device_arrays(plan, plan.slot_values(y))
-    ridge = np.array([2.0, 30.0, 0.0, g0**2, 0.0], np.float32)
+    ridge = np.array([2.0, 30.0, 0.0, g0**2, 0.0, 1.0], np.float32)
     theta = np.asarray(solve_tasks(jnp.asarray(x), classes, gram.class_tasks(plan), stack_index,
                                    jax.random.key(0), 0.0, 0.0, 1.0, noisy=False, count_ridge=ridge)[plan.flat_index])
     for t in range(3):

@@ -187,3 +187,28 @@ def test_ssp_clips_features_and_labels_before_accumulating():
                                 clip_x=0.5, clip_y=0.7, **kw)
     np.testing.assert_allclose(np.asarray(big), np.asarray(ref), rtol=1e-4, atol=1e-5)
     assert np.all(np.isfinite(np.asarray(big)))
+
+
+def test_inverse_count_is_the_posterior_mean_of_one_over_the_count():
+    """E[1/n | n̂] under p(n) ∝ 1/n on [1, n_max] and Gaussian count noise, against numerical integration; exact
+    counts (noise 0) and small relative noise give 1/max(n̂, 1); a count that came out high by a large noise is
+    read as the prior reads it (mostly small counts), so the ridge built on it keeps shrinking."""
+    from scipy import integrate
+
+    from jdp.multitask.ssp import inverse_count
+
+    def reference(n_hat, std, n_max):
+        like = lambda n: np.exp(-0.5 * ((n_hat - n) / std) ** 2) / n  # noqa: E731
+        num = integrate.quad(lambda n: like(n) / n, 1, n_max, limit=400, points=[max(1.0, min(n_max, n_hat))])[0]
+        den = integrate.quad(like, 1, n_max, limit=400, points=[max(1.0, min(n_max, n_hat))])[0]
+        return num / den
+
+    n_hat = np.array([-50.0, 3.0, 40.0, 120.0, 900.0, 3000.0], np.float32)
+    for std, n_max in ((20.0, 5000.0), (300.0, 5000.0)):
+        got = np.asarray(inverse_count(jnp.asarray(n_hat), std, n_max))
+        ref = np.array([1 / n if std <= 0.05 * n else reference(float(n), std, n_max) for n in n_hat])
+        np.testing.assert_allclose(got, ref, rtol=0.03)
+    exact = np.asarray(inverse_count(jnp.asarray(n_hat), 0.0, 5000.0))
+    np.testing.assert_allclose(exact, 1 / np.maximum(n_hat, 1.0), rtol=1e-6)
+    # a large noise: the count 900 is no evidence of a large count
+    assert float(inverse_count(jnp.asarray([900.0]), 1000.0, 5000.0)[0]) > 10 / 900

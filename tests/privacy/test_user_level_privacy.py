@@ -300,7 +300,7 @@ def test_ssp_release_of_an_item_whose_only_user_is_removed_is_still_noise():
     with_user, without = run(np.ones(user.size, bool)), run(user != n - 1)
     noise = ssp_noise(sigma, beta, gx, gy, lam)
     na, nb = keyed_gram_noise(key, jnp.asarray([m - 1]), d, noise.std_a, noise.std_b)
-    ridge = _task_ridge(na, noise.lam, jnp.asarray([0.0, 0.0, 0.0, 1.0, 0.0]))
+    ridge = _task_ridge(na, noise.lam, jnp.asarray([0.0, 0.0, 0.0, 1.0, 0.0, 1.0]))
     expected = np.asarray(ridge_solve(na, nb, ridge, adaptive=True))[0]
     np.testing.assert_allclose(without[m - 1], expected, rtol=1e-5, atol=1e-6)
     assert np.all(np.abs(without[m - 1]) > 1e-3)  # noise, not a telltale 0
