@@ -12,9 +12,9 @@ most ONCE per user: c copies of (i, j) add c·w x xᵀ to ONE block, i.e. √c t
 same Σ w² (the copies are perfectly aligned), so duplicate (task, user) pairs are rejected
 (`jdp.data.check_unique_pairs`). Labels may instead be bounded per USER (`clip_label_norms`): with
 Σ_i w_ij² y_ij² ≤ L² the same sum gives ‖Δb‖ ≤ Γx·L, i.e. the per-label bound Γy = L/√β in every formula
-here; a user whose weighted residuals are mostly small keeps a few large ones, and only users above L shrink. Â = A + Γx²√β·σ·Ξ (Ξ symmetric, iid upper triangle) and
-b̂ = b + Γx·Γy·√β·σ·ξ are two Gaussian releases with noise multiplier σ. θ̂_i = (Â_i + λ_i I)⁻¹ b̂_i is
-post-processing: λ_i = λ when Â_i is positive definite (then θ̂_i IS the paper's (PSD(Â_i) + λI)⁻¹ b̂_i),
+here; a user whose weighted residuals are mostly small keeps a few large ones, and only users above L shrink.
+Â = A + Γx²√β·σ·Ξ (Ξ symmetric, iid upper triangle) and b̂ = b + Γx·Γy·√β·σ·ξ are two Gaussian releases
+with noise multiplier σ. θ̂_i = (Â_i + λ_i I)⁻¹ b̂_i is post-processing: λ_i = λ when Â_i is positive definite (then θ̂_i IS the paper's (PSD(Â_i) + λI)⁻¹ b̂_i),
 otherwise a larger ridge λ + τ_i with τ_i > |λ_min(Â_i)| found by Cholesky tests on the released Â_i
 (`ridge_solve`). This replaces the paper's PSD projection (clamp Â's negative eigenvalues, then solve):
 an eigendecomposition per task costs ~100× a Cholesky on CPU. The regulariser λ is data-independent
