@@ -189,7 +189,7 @@ def part_ml10m_calibrated(args) -> list[dict]:
     return _rating_rows(data, "ml10m-calibrated", (0.5, 5.0), args, DPALS_METHODS)
 
 
-DEFAULT_EPSILONS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0)
+DEFAULT_EPSILONS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0)  # 0.1: the zero-cost fallback at a tiny ε
 PRIVATE_METHODS = ("dpals-uniform", "dpals-tail", "ada-dpals", "dpsgd-uniform", "dpsgd-tail", "ada-dpsgd")
 ALS_GRID = [(d, lam) for d in (4, 16, 32, 64) for lam in (0.05, 0.1, 0.2)]  # (dim, λ per rating, item = user)
 
@@ -393,7 +393,7 @@ def main():
     ap.add_argument("--finalists", type=int, default=3,
                     help="settings (best on seed-0 validation) re-run on every seed; the best mean validation wins")
     ap.add_argument("--epsilons", type=float, nargs="+", default=None,
-                    help="default: 0.5 1 2 5 10 20 for the defaults parts, 1 5 20 otherwise")
+                    help="default: 0.1 0.5 1 2 5 10 20 for the defaults parts, 1 5 20 otherwise")
     ap.add_argument("--data-path", default=None)
     args = ap.parse_args()
     if args.part.endswith("-defaults"):
