@@ -213,7 +213,11 @@ class AltMinConfig:
         label_clip = self.label_clip if self.label_clip is not None else 0.5 * (hi - lo)
         check_positive(label_clip, "label_clip")
         label_norm = None  # only the private SSP update bounds label norms
-        if self.private and self.parsed_method.rule == RIDGE:
+        ssp = self.private and self.parsed_method.rule == RIDGE
+        if self.label_norm is not None and not ssp:
+            raise ValueError(f"label_norm bounds the labels of the private SSP item update (dpals-*, ada-dpals); "
+                             f"method {self.method!r} has none")
+        if ssp:
             label_norm = (check_positive(self.label_norm, "label_norm") if self.label_norm is not None
                           else default_label_norm(dim, self.budget, label_clip))
         bias_clip = check_positive(self.bias_clip if self.bias_clip is not None else (self.user_clip if self.private else 1.0),

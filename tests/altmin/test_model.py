@@ -221,6 +221,8 @@ def test_invalid_inputs(small):
     assert AltMinConfig(method="ada-dpals", dim=0).resolve().label_norm == pytest.approx(11.25)
     assert AltMinConfig(method="ada-dpals", dim=4).resolve().label_norm is None
     assert AltMinConfig(method="ada-dpals", dim=4, label_norm=3.0).resolve().label_norm == 3.0
+    with pytest.raises(ValueError, match="label_norm"):
+        AltMinConfig(method="ada-dpsgd", label_norm=3.0).resolve()
     assert plan_run(AltMinConfig(method="dpals-tail", epsilon=1.0), 943, 1682).config.label_norm == pytest.approx(11.25)
     assert AltMinConfig(method="ada-dpsgd").resolve().label_norm is None
     assert AltMinConfig(method="als").resolve().label_norm is None
