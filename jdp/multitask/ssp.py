@@ -83,11 +83,15 @@ def inverse_count(n_hat: jax.Array, noise_std, n_max) -> jax.Array:
     a ridge ∝ E[1/n] keeps shrinking what such a task releases (a plug-in 1/n̂ would not)."""
     n_hat = jnp.asarray(n_hat, jnp.float32)
     plug_in = 1.0 / jnp.maximum(n_hat, 1.0)
-    grid = jnp.exp(jnp.linspace(0.0, jnp.log(jnp.maximum(n_max, 2.0)), INVERSE_COUNT_GRID))  # equal prior mass each
-    z = jnp.clip((n_hat[:, None] - grid[None, :]) / jnp.maximum(noise_std, 1e-30), -1e18, 1e18)  # z² stays finite
-    post = jax.nn.softmax(-0.5 * z**2, axis=1)
-    exact = (noise_std <= 0) | (noise_std <= 0.05 * n_hat)
-    return jnp.where(exact, plug_in, post @ (1.0 / grid))
+
+    def posterior():
+        grid = jnp.exp(jnp.linspace(0.0, jnp.log(jnp.maximum(n_max, 2.0)), INVERSE_COUNT_GRID))  # equal prior mass
+        z = jnp.clip((n_hat[:, None] - grid[None, :]) / jnp.maximum(noise_std, 1e-30), -1e18, 1e18)  # z² finite
+        post = jax.nn.softmax(-0.5 * z**2, axis=1) @ (1.0 / grid)
+        return jnp.where(noise_std <= 0.05 * n_hat, plug_in, post)
+
+    # exact counts (every non-private solve, and every user solve) skip the [tasks, grid] posterior entirely
+    return jax.lax.cond(jnp.asarray(noise_std) > 0, posterior, lambda: plug_in)
 
 
 def _task_ridge(a, lam, count_ridge):
