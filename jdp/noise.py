@@ -45,10 +45,22 @@ def add_gaussian(key: jax.Array, x: jax.Array, std: float | jax.Array) -> jax.Ar
 
 
 def add_gaussian_tree(key: jax.Array, tree, std: float | jax.Array):
-    """Adds iid N(0, std²) to every leaf of a pytree (independent keys per leaf)."""
+    """Adds iid N(0, std²) to every leaf of a pytree.
+
+    One draw per leaf dtype, sliced over the leaves (all entries independent): a model with dozens of
+    parameter arrays compiles one random-number kernel instead of one per array (seconds of XLA compile
+    time on CPU for a small Transformer)."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
-    keys = jax.random.split(key, max(len(leaves), 1))
-    return jax.tree_util.tree_unflatten(treedef, [add_gaussian(k, x, std) for k, x in zip(keys, leaves)])
+    out = list(leaves)
+    for i, dtype in enumerate(dict.fromkeys(jnp.result_type(x) for x in leaves)):
+        group = [j for j, x in enumerate(leaves) if jnp.result_type(x) == dtype]
+        z = jax.random.normal(jax.random.fold_in(key, i), (sum(int(np.size(leaves[j])) for j in group),), dtype)
+        offset = 0
+        for j in group:
+            x = leaves[j]
+            out[j] = x + std * z[offset:offset + np.size(x)].reshape(np.shape(x))
+            offset += int(np.size(x))
+    return jax.tree_util.tree_unflatten(treedef, out)
 
 
 def symmetric_gaussian(key: jax.Array, batch_shape: tuple[int, ...], d: int, std: float | jax.Array,

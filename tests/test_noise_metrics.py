@@ -14,6 +14,26 @@ def test_symmetric_gaussian_is_symmetric_with_stated_variance():
     assert abs(np.corrcoef(z[:, 0, 1], z[:, 0, 2])[0, 1]) < 0.05
 
 
+def test_add_gaussian_tree_every_entry_independent_with_stated_std_and_dtype():
+    # leaves of several shapes and dtypes (one draw per dtype, sliced): each entry N(0, std²), no entry
+    # of one leaf correlated with another's, dtypes and shapes kept, the same key reproduces the noise
+    tree = {"w": jnp.zeros((3000, 4)), "b": jnp.zeros((4,)), "s": jnp.zeros(()), "h": jnp.zeros((3000, 4), jnp.bfloat16),
+            "e": jnp.zeros((0, 5))}
+    keys = jax.random.split(jax.random.key(3), 400)
+    out = jax.vmap(lambda k: noise.add_gaussian_tree(k, tree, 2.0))(keys)
+    assert {k: (v.shape[1:], v.dtype) for k, v in out.items()} == {k: (v.shape, v.dtype) for k, v in tree.items()}
+    w, b, s = np.asarray(out["w"]), np.asarray(out["b"]), np.asarray(out["s"])
+    h = np.asarray(out["h"], np.float32)
+    for z in (w[:, :50].ravel(), b.ravel(), s, h[:, :50].ravel()):
+        assert np.std(z) == pytest.approx(2.0, rel=0.1) and abs(np.mean(z)) < 0.4
+    # entries adjacent in the one draw (last of w, first of b) and across leaves are uncorrelated
+    for x, y in [(w[:, -1, -1], b[:, 0]), (b[:, -1], s), (w[:, 0, 0], h[:, 0, 0]), (w[:, 0, 0], w[:, 0, 1])]:
+        assert abs(np.corrcoef(x, y)[0, 1]) < 0.2
+    again = noise.add_gaussian_tree(keys[0], tree, 2.0)
+    assert np.array_equal(np.asarray(again["w"]), w[0]) and np.array_equal(np.asarray(again["b"]), b[0])
+    assert noise.add_gaussian_tree(keys[0], {}, 1.0) == {}
+
+
 def test_clip_by_norm_and_psd_project():
     x = jnp.array([[3.0, 4.0], [0.3, 0.4]])
     assert np.allclose(noise.clip_by_norm(x, 1.0), [[0.6, 0.8], [0.3, 0.4]])

@@ -3,8 +3,9 @@
 Example (Video.txt is downloaded on first use into --data-dir, default $JDP_DATA or ~/.cache/jdp):
   jdp seqrec --data amazon-games --model dpformer --epsilon 8 --epochs 100 --batch-size 1024 --lr 3e-3 \\
       --out run.json
-`--data synthetic` (planted next-item sequences, no download; by default 5 epochs at batch 256 and one
-window length, so one compiled step shape) is a quick first run.
+`--data synthetic` (planted next-item sequences, no download) is a quick first run: by default 2 epochs at
+batch 256, lr 3e-2, windows of the last 20 items (the planted rule is first-order) and one window length,
+so one compiled step shape.
 `--epsilon 0` is not allowed; `--non-private` trains the explicitly non-private reference.
 Item vocabulary: `--vocabulary sasrec-exact` (default, the papers' protocol: exact item counts, stated
 in the report as an assumption NOT covered by ε), `public` (the `--item-catalogue` is the vocabulary) or
@@ -41,16 +42,16 @@ def register(subparsers) -> None:
     p.add_argument("--non-private", action="store_true", help="NON-PRIVATE reference run (ignores --epsilon)")
     p.add_argument("--delta", type=float, default=1e-5)
     p.add_argument("--epochs", type=float, default=None,
-                   help="default 100 (the paper's protocol) / 5 with --data synthetic (a quick first run)")
+                   help="default 100 (the paper's protocol) / 2 with --data synthetic (a quick first run)")
     p.add_argument("--batch-size", type=int, default=None,
                    help="expected Poisson batch size; default 1024 / 256 with --data synthetic")
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate; default 1e-3 / 3e-2 with --data synthetic")
     p.add_argument("--weight-decay", type=float, default=1e-5)
     p.add_argument("--warmup-frac", type=float, default=0.2)
     p.add_argument("--clip", type=float, default=1.0, help="per-user L2 clip norm C")
     p.add_argument("--normalize", action="store_true",
                    help="normalised clipping g·C/||g|| (the DPFormer paper's variant) instead of min(1, C/||g||)")
-    p.add_argument("--maxlen", type=int, default=None, help="default 50 (Amazon, synthetic) / 200 (MovieLens)")
+    p.add_argument("--maxlen", type=int, default=None, help="default 50 (Amazon) / 200 (MovieLens) / 20 (synthetic)")
     p.add_argument("--d", type=int, default=64)
     p.add_argument("--heads", type=int, default=1)
     p.add_argument("--blocks", type=int, default=2)
@@ -130,14 +131,15 @@ def run(args: argparse.Namespace) -> int:
     movielens = args.data in ("ml-100k", "ml-1m")
     dropout = args.dropout if args.dropout is not None else (0.2 if movielens else 0.5)
     synthetic = args.data == "synthetic"
-    epochs = args.epochs if args.epochs is not None else (5.0 if synthetic else 100.0)
+    epochs = args.epochs if args.epochs is not None else (2.0 if synthetic else 100.0)
+    lr = args.lr if args.lr is not None else (3e-2 if synthetic else 1e-3)
     batch_size = args.batch_size if args.batch_size is not None else (256 if synthetic else 1024)
     chunk_rows = (args.chunk_rows if args.chunk_rows is not None
                   else int(1.25 * batch_size) * d.maxlen if synthetic else TrainConfig.chunk_rows)
     buckets = (args.length_buckets if args.length_buckets is not None
                else "" if synthetic else ",".join(map(str, DEFAULT_WINDOWS)))
     cfg = TrainConfig(model=args.model, epsilon=None if args.non_private else args.epsilon, delta=args.delta,
-                      epochs=epochs, batch_size=batch_size, lr=args.lr, warmup_frac=args.warmup_frac,
+                      epochs=epochs, batch_size=batch_size, lr=lr, warmup_frac=args.warmup_frac,
                       weight_decay=args.weight_decay, l2_clip=args.clip, normalize=args.normalize, d=args.d,
                       heads=args.heads, blocks=args.blocks, dropout=dropout, chunk_rows=chunk_rows,
                       clipping=args.clipping, hist_noise_multiplier=args.hist_noise_multiplier,

@@ -37,6 +37,7 @@ from jdp.validation import check_positive
 
 AMAZON_MAXLEN = 50
 MOVIELENS_MAXLEN = 200
+SYNTHETIC_MAXLEN = 20  # planted_sequences' next-item rule is first-order: a short window suffices
 VOCABULARIES = ("sasrec-exact", "public", "private")
 FILES = {"amazon-games": "Video.txt", "ml-100k": "u.data", "ml-1m": "ratings.dat"}  # the file `load` reads
 EXACT_VOCAB_ASSUMPTION = ("item vocabulary treated as public: built from exact item counts of all users' "
@@ -290,8 +291,8 @@ def load(name: str, path: str | pathlib.Path | None = None, maxlen: int | None =
     (`jdp.data.synthetic.planted_sequences(seed=data_seed)`, no file) and splits it.
 
     The file is `path` (or `path/<file>` for a folder), else `datasets_dir/<name>/<file>`;
-    `jdp.data.fetch(name)` downloads it: `load("ml-1m", path=fetch("ml-1m"))`. maxlen defaults to 50 for Amazon and the
-    synthetic data, 200 for MovieLens. vocabulary / item_catalogue / min_item_count: see the module doc;
+    `jdp.data.fetch(name)` downloads it: `load("ml-1m", path=fetch("ml-1m"))`. maxlen defaults to 50 for Amazon, 200 for
+    MovieLens, 20 for the synthetic data. vocabulary / item_catalogue / min_item_count: see the module doc;
     "private" bounds each user's contribution to its maxlen + 2 most recent distinct items (the most
     a user's train/valid/test windows can hold) and needs `key`. The vocabulary's release or assumption
     is kept in the SeqData and composed into the training report (`delta` only sizes the ledger here).
@@ -306,7 +307,8 @@ def load(name: str, path: str | pathlib.Path | None = None, maxlen: int | None =
     if path is not None and pathlib.Path(path).is_dir():  # a dataset folder, e.g. jdp.data.fetch("ml-1m")
         path = pathlib.Path(path) / FILES[name]
     if maxlen is None:
-        maxlen = MOVIELENS_MAXLEN if name in ("ml-100k", "ml-1m") else AMAZON_MAXLEN
+        maxlen = (MOVIELENS_MAXLEN if name in ("ml-100k", "ml-1m") else SYNTHETIC_MAXLEN if name == "synthetic"
+                  else AMAZON_MAXLEN)
     if maxlen < 1:
         raise ValueError(f"maxlen must be >= 1, got {maxlen}")
     ledger = accounting.PrivacyReport(delta, unit="user", relation=accounting.ADD_OR_REMOVE_ONE)
@@ -340,5 +342,5 @@ def item_presence(inputs: np.ndarray, targets: np.ndarray, n_items: int) -> np.n
     return counts
 
 
-__all__ = ["AMAZON_MAXLEN", "EXACT_VOCAB_ASSUMPTION", "MOVIELENS_MAXLEN", "VOCABULARIES", "SeqData", "item_presence", "leave_last_out", "load",
+__all__ = ["AMAZON_MAXLEN", "EXACT_VOCAB_ASSUMPTION", "MOVIELENS_MAXLEN", "SYNTHETIC_MAXLEN", "VOCABULARIES", "SeqData", "item_presence", "leave_last_out", "load",
            "pad_left", "private_vocabulary", "read_ratings", "read_sasrec"]

@@ -82,7 +82,7 @@ def test_synthetic_needs_no_file_and_a_folder_path_finds_the_file(tmp_path):
     from jdp.data.synthetic import planted_sequences
     d = data.load("synthetic", data_seed=2)
     raw, _ = planted_sequences(seed=2)
-    assert d.maxlen == 50 and d.n_users == len(raw) == 2000 and d.n_items == np.unique(np.concatenate(raw)).size
+    assert d.maxlen == data.SYNTHETIC_MAXLEN == 20 and d.n_users == len(raw) == 2000 and d.n_items == np.unique(np.concatenate(raw)).size
     evaluated = [s for s in raw if s.size >= 3]
     assert (d.test_target > 0).sum() == len(evaluated)  # users with < 3 items are not evaluated
     assert any("exact item counts" in a for a in d.vocab_assumptions)
