@@ -54,11 +54,16 @@ def noise_seed(args: argparse.Namespace) -> int:
     return seed
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; given the command line `argv`, only the subcommand it names is imported (each imports its
+    whole package: flax, the clipping engine, ... — a second of start-up for the others), else all of them."""
     parser = argparse.ArgumentParser(prog="jdp", description="Differentially private learning on long-tailed data.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {jdp.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for module_name in SUBCOMMANDS.values():
+    named = [a for a in (argv or []) if not a.startswith("-")][:1]
+    for command, module_name in SUBCOMMANDS.items():
+        if named and named[0] in SUBCOMMANDS and command != named[0]:
+            continue
         try:
             found = importlib.util.find_spec(module_name) is not None
         except ModuleNotFoundError:
@@ -86,7 +91,8 @@ def enable_compilation_cache() -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv).parse_args(argv)
     enable_compilation_cache()
     try:
         result = args.func(args)

@@ -9,6 +9,7 @@ entry point never falls back to a fixed default seed. `resolve_seed(None)` draws
 """
 from __future__ import annotations
 
+import functools
 import secrets
 
 import jax
@@ -120,6 +121,7 @@ def exponential(key: jax.Array, shape: tuple[int, ...], scale: float | jax.Array
     return scale * jax.random.exponential(key, shape, dtype)
 
 
+@functools.partial(jax.jit, static_argnames="axis")  # one compiled kernel, also when called eagerly
 def clip_by_norm(x: jax.Array, max_norm: float | jax.Array, axis: int = -1, eps: float = 1e-12) -> jax.Array:
     """Scales each vector along `axis` to L2 norm ≤ max_norm (no-op when already inside)."""
     norm = jnp.linalg.norm(x, axis=axis, keepdims=True)

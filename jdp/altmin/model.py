@@ -299,6 +299,26 @@ def _prior(cfg: AltMinConfig) -> float:
     return float(cfg.global_mean) if not isinstance(cfg.global_mean, str) else 0.5 * (lo + hi)
 
 
+# Small jitted kernels for the host loop: run eagerly, every jnp operation compiles a kernel of its own per new
+# shape (most of a small fit's first run).
+@jax.jit
+def _residuals(rating, index, bias, mean, clip):
+    """clip(r − μ − bias[index], ±clip) in float32 (clip = inf: unclipped)."""
+    resid = rating - mean - jnp.asarray(bias, jnp.float32)[index]
+    return jnp.clip(resid, -clip, clip)
+
+
+@jax.jit
+def _rows(x, index):
+    return x[index]
+
+
+@jax.jit
+def _with_constant_column(v, value):
+    v = jnp.asarray(v, jnp.float32)
+    return jnp.concatenate([v, jnp.full((v.shape[0], 1), value, jnp.float32)], axis=1)
+
+
 class UserSolver:
     """Exact per-user ridge solves of (u_j, b_j) from the released (V, c, μ) and the user's own ratings:
     min Σ_{i∈Ω_j} (r_ij − μ − c_i − b_j − u_j·v_i)² + λ_u‖u_j‖² + λ_b b_j².
@@ -330,17 +350,16 @@ class UserSolver:
         return cls(data, cfg.user_reg, cfg.user_bias_reg if cfg.biases else None, cfg.reg_per_rating)
 
     def __call__(self, item_factors, item_bias, mean: float) -> UserEmbeddings:
-        v = jnp.asarray(item_factors, jnp.float32)
-        if self.bias_column is not None:
-            v = jnp.concatenate([v, jnp.full((v.shape[0], 1), self.bias_column, jnp.float32)], axis=1)
-        resid = self.rating - mean - jnp.asarray(item_bias, jnp.float32)[self.item]
+        v = (jnp.asarray(item_factors, jnp.float32) if self.bias_column is None
+             else _with_constant_column(item_factors, self.bias_column))
+        resid = _residuals(self.rating, self.item, item_bias, mean, math.inf)
         classes = gram.with_labels(self.classes, self.obs_index, resid)
-        coef = solve_tasks(v, classes, self.class_tasks, self.stack_index, jax.random.key(0), 0.0, 0.0,
-                           self.user_reg if self.count_ridge is None else 1e-6, mesh=None, noisy=False,
-                           count_ridge=self.count_ridge)[self.flat_index]
+        coef = np.asarray(_rows(solve_tasks(v, classes, self.class_tasks, self.stack_index, jax.random.key(0), 0.0, 0.0,
+                                            self.user_reg if self.count_ridge is None else 1e-6, mesh=None,
+                                            noisy=False, count_ridge=self.count_ridge), self.flat_index))
         if self.bias_column is None:
-            return UserEmbeddings(np.asarray(coef), np.zeros(coef.shape[0], np.float32))
-        return UserEmbeddings(np.asarray(coef[:, :-1]), np.asarray(coef[:, -1] * self.bias_column))
+            return UserEmbeddings(coef, np.zeros(coef.shape[0], np.float32))
+        return UserEmbeddings(coef[:, :-1], coef[:, -1] * np.float32(self.bias_column))
 
 
 def solve_users(data: Interactions, item_factors: np.ndarray, item_bias: np.ndarray, mean: float, user_reg: float,
@@ -635,8 +654,7 @@ def fit(train: Interactions, cfg: AltMinConfig, seed: int | None = None, *, tune
         ts = time.perf_counter()
         users = user_solver(v, c, mean)  # each user's exact solve from the release and own ratings: free
         feats = item_update_features(users.factors, cfg)
-        resid = rating - mean - jnp.asarray(users.bias)[user]
-        labels = jnp.clip(resid, -cfg.label_clip, cfg.label_clip) if cfg.private else resid
+        labels = _residuals(rating, user, users.bias, mean, cfg.label_clip if cfg.private else math.inf)
         if cfg.label_norm is not None:  # SSP: each user's weighted labels bounded in norm (per-user transformation)
             labels = clip_label_norms(user, item_update.weights, labels, n_users, cfg.label_norm)
         theta = item_update(v, c, feats, labels, jax.random.fold_in(k_train, t))
@@ -740,17 +758,17 @@ class _RidgeItemUpdate:
         classes = gram.with_labels(self.classes, self.obs_index, labels)
         theta = self._solve(feats, classes, key)
         if not self.empirical_bayes:
-            return theta[self.flat_index]
+            return _rows(theta, self.flat_index)
         # empirical-Bayes prior from this release's bias statistics, then the same release (same key, same
         # noise) solved again with it: post-processing. The ridge carries over to the next step's first solve.
-        stats = np.asarray(theta[self.flat_index, -2:])
+        stats = np.asarray(_rows(theta, self.flat_index))[:, -2:]
         tau2 = item_bias_prior(stats[:, 0], stats[:, 1], self.cfg, self.sigma)
         if self.cfg.dim > 0:  # one scalar ridge per item also shrinks its factors: never below the public prior's
             tau2 = max(tau2, _bias_priors(self.cfg)[1])
         self.lam, self.count_ridge = item_ridge(self.cfg, self.sigma, self.n_users, tau2)
         theta = self._solve(feats, classes, key)
         self.timings.setdefault("item_bias_prior_std", []).append(math.sqrt(tau2))
-        return theta[self.flat_index, :-2]  # without the two statistics columns
+        return _rows(theta, self.flat_index)[:, :-2]  # without the two statistics columns
 
     def _solve(self, feats: jax.Array, classes, key: jax.Array) -> jax.Array:
         return solve_tasks(feats, classes, self.class_tasks, self.stack_index, key, self.std_a, self.std_b, self.lam,

@@ -137,13 +137,15 @@ def device_arrays(plan: GramPlan, labels: tuple[np.ndarray, ...] | None = None):
     """The plan's per-step inputs as jax arrays: ((src, sqrt_w, label) per class, stack_index)."""
     if labels is None:
         labels = tuple(np.zeros(c.src.shape, np.float32) for c in plan.classes)
-    classes = tuple((jnp.asarray(c.src), jnp.asarray(c.sqrt_w), jnp.asarray(l)) for c, l in zip(plan.classes, labels))
-    return classes, jnp.asarray(plan.stack_index)
+    # device_put, not jnp.asarray: the latter compiles a staging kernel per new shape (~6 ms each, one
+    # per length class and array: ~1 s of a small fit's first run)
+    classes = tuple(jax.device_put((c.src, c.sqrt_w, l)) for c, l in zip(plan.classes, labels))
+    return classes, jax.device_put(plan.stack_index)
 
 
 def class_tasks(plan: GramPlan) -> tuple[jax.Array, ...]:
     """Per class, the global task of each row [P, n] (n_tasks for padding rows), on device."""
-    return tuple(jnp.asarray(c.task) for c in plan.classes)
+    return tuple(jax.device_put(c.task) for c in plan.classes)
 
 
 def class_gram(feats, src, sqrt_w, label):
@@ -208,7 +210,7 @@ def segment_sum_gram(feats: jax.Array, task: jax.Array, src: jax.Array, weight: 
 def observation_index(plan: GramPlan) -> tuple[jax.Array, ...]:
     """Per class, the observation index of each slot [P, n, L] (−1 in padding), on device: with it the
     labels can change every step without rebuilding the plan (`with_labels`)."""
-    return tuple(jnp.asarray(c.obs, jnp.int32) for c in plan.classes)
+    return tuple(jax.device_put(np.asarray(c.obs, np.int32)) for c in plan.classes)
 
 
 @jax.jit  # one program for all classes (eagerly, every class's gather/where compiles on its own)

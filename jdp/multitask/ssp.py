@@ -252,6 +252,11 @@ def clip_label_norms(user: jax.Array, weights: jax.Array, labels: jax.Array, n_u
     """Labels scaled per user so that √(Σ_i w_ij² y_ij²) ≤ `bound` (a per-user transformation of the user's own
     rows): b's sensitivity is then Γx·bound (module docstring), whatever the per-label bound."""
     check_positive(bound, "bound")
+    return _clip_label_norms(user, weights, labels, int(n_users), bound)
+
+
+@functools.partial(jax.jit, static_argnames="n_users")  # eagerly, each operation would compile on its own
+def _clip_label_norms(user, weights, labels, n_users, bound):
     norm2 = jax.ops.segment_sum((weights * labels) ** 2, user, num_segments=n_users)
     scale = jnp.minimum(1.0, bound / jnp.sqrt(jnp.maximum(norm2, 1e-30)))
     return labels * scale[user]

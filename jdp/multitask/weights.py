@@ -13,6 +13,8 @@ when called on concrete arrays; under jit the check cannot run, and the private 
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -42,9 +44,24 @@ def task_weights(counts: jax.Array, mu: float, n_users: int, beta: float) -> jax
     check_positive(beta, "beta")
     if n_users < 1:
         raise ValueError(f"n_users must be >= 1, got {n_users}")
-    c = jnp.maximum(jnp.asarray(counts, jnp.float32), 1.0)
+    return _task_weights(jnp.asarray(counts, jnp.float32), mu, n_users, beta)
+
+
+# The kernels below are jitted (values traced, sizes static): run eagerly, each jnp operation compiles a
+# kernel of its own per new shape, a second of a small fit's first run.
+@jax.jit
+def _task_weights(counts, mu, n_users, beta):
+    c = jnp.maximum(counts, 1.0)
     raw = c ** (-mu)
     return raw * jnp.sqrt(n_users * beta / jnp.sum(c * raw**2))
+
+
+@functools.partial(jax.jit, static_argnames=("n_users", "normalize"))
+def _scale_per_user(omega, user, item, n_users, beta, normalize):
+    w = omega[item]
+    per_user = jax.ops.segment_sum(w**2, user, num_segments=n_users)
+    factor = jnp.sqrt(_BUDGET_SAFETY * beta / jnp.maximum(per_user, 1e-30))
+    return w * (factor if normalize else jnp.minimum(1.0, factor))[user]
 
 
 def clip_user_weights(omega: jax.Array, user: jax.Array, item: jax.Array, n_users: int, beta: float) -> jax.Array:
@@ -52,10 +69,7 @@ def clip_user_weights(omega: jax.Array, user: jax.Array, item: jax.Array, n_user
 
     Duplicate (user, item) pairs raise ValueError (Ω_j is a set; see the module docstring)."""
     _check_task_sets(user, item, "clip_user_weights")
-    w = omega[item]
-    per_user = jax.ops.segment_sum(w**2, user, num_segments=n_users)
-    scale = jnp.minimum(1.0, jnp.sqrt(_BUDGET_SAFETY * beta / jnp.maximum(per_user, 1e-30)))
-    return w * scale[user]
+    return _scale_per_user(omega, user, item, int(n_users), beta, normalize=False)
 
 
 def normalize_user_weights(omega: jax.Array, user: jax.Array, item: jax.Array, n_users: int, beta: float) -> jax.Array:
@@ -66,9 +80,7 @@ def normalize_user_weights(omega: jax.Array, user: jax.Array, item: jax.Array, n
     Duplicate (user, item) pairs raise ValueError.
     """
     _check_task_sets(user, item, "normalize_user_weights")
-    w = omega[item]
-    per_user = jax.ops.segment_sum(w**2, user, num_segments=n_users)
-    return w * jnp.sqrt(_BUDGET_SAFETY * beta / jnp.maximum(per_user, 1e-30))[user]
+    return _scale_per_user(omega, user, item, int(n_users), beta, normalize=True)
 
 
 def adaptive_weights(counts: jax.Array, user: jax.Array, item: jax.Array, n_users: int, beta: float,
@@ -85,6 +97,7 @@ def adaptive_weights(counts: jax.Array, user: jax.Array, item: jax.Array, n_user
     raise ValueError(f"mode must be 'clip' or 'normalize', got {mode!r}")
 
 
+@jax.jit
 def _rank_within_user(user: jax.Array, *priorities: jax.Array) -> jax.Array:
     """0-based rank of each observation among its user's observations, ordered by `priorities`
     ascending (first one primary, later ones break ties)."""
@@ -104,8 +117,13 @@ def uniform_sampling_weights(key: jax.Array, user: jax.Array, k: int, scale: flo
     """
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
-    priority = jax.random.uniform(key, user.shape)
-    return jnp.where(_rank_within_user(user, priority) < k, scale, 0.0).astype(jnp.float32)
+    return _keep_lowest(user, k, scale, jax.random.uniform(key, jnp.shape(user)))
+
+
+@jax.jit
+def _keep_lowest(user, k, scale, *priorities):
+    """`scale` on each user's k rows lowest in `priorities` (lexicographic), 0 elsewhere."""
+    return jnp.where(_rank_within_user(user, *priorities) < k, scale, 0.0).astype(jnp.float32)
 
 
 def tail_sampling_weights(key: jax.Array, user: jax.Array, item: jax.Array, counts: jax.Array, k: int,
@@ -116,6 +134,10 @@ def tail_sampling_weights(key: jax.Array, user: jax.Array, item: jax.Array, coun
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     _check_task_sets(user, item, "tail_sampling_weights")
-    c = jnp.asarray(counts, jnp.float32)[item]
-    tiebreak = jax.random.uniform(key, user.shape)
-    return jnp.where(_rank_within_user(user, c, tiebreak) < k, scale, 0.0).astype(jnp.float32)
+    return _keep_least_counted(user, item, jnp.asarray(counts, jnp.float32), k, scale,
+                               jax.random.uniform(key, jnp.shape(user)))
+
+
+@jax.jit
+def _keep_least_counted(user, item, counts, k, scale, tiebreak):
+    return _keep_lowest(user, k, scale, counts[item], tiebreak)
