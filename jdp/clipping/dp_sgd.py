@@ -189,9 +189,9 @@ class DPSGD:
         the sample out in their own physical chunks (e.g. by sequence length) and `accumulate` them."""
         return poisson_indices(key, self.num_examples, self.sampling_rate)
 
-    def _clipped(self, params: Any, batch: Any, mask: jax.Array):
+    def _clipped(self, params: Any, batch: Any, mask: jax.Array, aux: Any = None):
         cg = clipped_grad(self.loss_fn, params, batch, l2_clip=self.l2_clip, mask=mask,
-                          method=self.method, normalize=self.normalize)
+                          method=self.method, normalize=self.normalize, aux=aux)
         keep = jnp.asarray(mask) != 0
         # `where`, not `* mask`: a padding row's NaN loss must not reach the metrics (0 * NaN = NaN)
         sums = {"loss_sum": jnp.sum(jnp.where(keep, cg.loss, 0.0)), "count": jnp.sum(keep),
@@ -203,12 +203,12 @@ class DPSGD:
         updates, opt_state = tx.update(grad_sum, state.opt_state, state.params)
         return DPSGDState(optax.apply_updates(state.params, updates), opt_state, state.step + 1)
 
-    def _accumulate(self, params: Any, grad_sum: Any, batch: Any, mask: jax.Array):
-        g, sums = self._clipped(params, batch, mask)
+    def _accumulate(self, params: Any, grad_sum: Any, batch: Any, mask: jax.Array, aux: Any = None):
+        g, sums = self._clipped(params, batch, mask, aux)
         return jax.tree.map(jnp.add, grad_sum, g), sums
 
-    def _step(self, state: DPSGDState, batch: Any, mask: jax.Array):
-        g, sums = self._clipped(state.params, batch, mask)
+    def _step(self, state: DPSGDState, batch: Any, mask: jax.Array, aux: Any = None):
+        g, sums = self._clipped(state.params, batch, mask, aux)
         m = jnp.maximum(sums["count"], 1)
         metrics = {"loss": sums["loss_sum"] / m, "num_nonfinite": sums["num_nonfinite"],
                    "frac_clipped": sums["num_clipped"] / m}
@@ -216,7 +216,8 @@ class DPSGD:
 
     @property
     def step(self) -> Callable:
-        """jit-compiled step(state, batch [max_batch_size rows], mask) -> (state, metrics).
+        """jit-compiled step(state, batch [max_batch_size rows], mask, aux=None) -> (state, metrics); `aux`:
+        see `clipped_grad` (the loss is then loss_fn(params, batch, aux)).
 
         metrics are private diagnostics (loss, clipped fraction): do not publish them unaccounted.
         """
@@ -224,7 +225,7 @@ class DPSGD:
 
     @property
     def accumulate(self) -> Callable:
-        """jit-compiled accumulate(params, grad_sum, batch, mask) -> (grad_sum + Σ clipped grads of the
+        """jit-compiled accumulate(params, grad_sum, batch, mask, aux=None) -> (grad_sum + Σ clipped grads of the
         batch, sums {loss_sum, count, num_clipped, num_nonfinite}): one physical chunk of a step whose
         Poisson sample (`sample_indices`) is processed in several chunks, each row of the sample in exactly
         one chunk (chunks may have different shapes). Start from zeros like params; finish with `apply`.

@@ -16,6 +16,7 @@ Methods:
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, Mapping
 
@@ -222,11 +223,16 @@ def _factored_grads(loss_fn, leaves, treedef, batch, method):
     return plan, losses, contribs
 
 
+def _with_aux(loss_fn, aux, params, batch):
+    return loss_fn(params, batch, aux)
+
+
 def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: Any, *,
                  l2_clip: float | Mapping[Any, float], mask: jax.Array | None = None,
                  method: str = "auto", normalize: bool = False, group_ids: jax.Array | None = None,
                  num_groups: int | None = None, clip_partition: Any = None,
-                 memory_limit: int = DEFAULT_MEMORY_LIMIT, matmul_precision: str | None = "highest") -> ClippedGrad:
+                 memory_limit: int = DEFAULT_MEMORY_LIMIT, matmul_precision: str | None = "highest",
+                 aux: Any = None) -> ClippedGrad:
     """Sum of per-example (or per-group) clipped gradients, exactly, without B x params memory.
 
     Args:
@@ -234,6 +240,10 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
         (a batch of size 1, under jax.vmap), so every unit's gradient is exactly its own; for per-example
         dropout put a per-example PRNG key into `batch`. May apply any flax.linen module inside.
       params: pytree of float arrays (the trainable parameters).
+      aux: optional pytree shared by every example and not differentiated; given, the loss is called as
+        loss_fn(params, batch, aux). Inside a jitted step it is an input of the program instead of a
+        constant baked into it, so a new value (e.g. from a new release) does not recompile. It is the same
+        for every example: anything data-dependent in it must be released (accounted) or public.
       batch: pytree of arrays with a common leading axis B.
       l2_clip: clipping threshold C > 0 (or {label: C_k} with `clip_partition`).
       mask: [B] bool/0-1 indicator, False for padding examples (static-shape Poisson batches); other
@@ -261,6 +271,8 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if aux is not None:
+        loss_fn = functools.partial(_with_aux, loss_fn, aux)
     if matmul_precision is not None:
         with jax.default_matmul_precision(matmul_precision):
             return clipped_grad(loss_fn, params, batch, l2_clip=l2_clip, mask=mask, method=method,

@@ -9,6 +9,7 @@ Metrics are post-processing of the released model on held-out data and are not p
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -63,9 +64,11 @@ def evaluate(model: Any, params: Any, inputs: np.ndarray, targets: np.ndarray, k
 
 
 def make_rank_fn_reatt(model: Any, mask_history: bool = False, reatt: dict | None = None):
-    """As make_rank_fn, with Re-Attention variances closed over (constants)."""
+    """ranks(params, inputs [b, L], targets [b]) -> 0-based rank of each target among all items. The
+    Re-Attention variances are an input of the compiled program, not constants in it: a new release
+    (new seed or ε) reuses the compilation."""
     @jax.jit
-    def ranks(params, inputs, targets):
+    def ranks_of(params, inputs, targets, reatt):
         scores = model.apply(params, inputs, deterministic=True, reatt=reatt, last_only=True)[:, -1]
         scores = scores.at[:, 0].set(-jnp.inf)
         exclude = None
@@ -74,7 +77,7 @@ def make_rank_fn_reatt(model: Any, mask_history: bool = False, reatt: dict | Non
             exclude = jnp.zeros(scores.shape, bool).at[jnp.arange(b)[:, None], inputs].set(True)
             exclude = exclude.at[:, 0].set(False)
         return rank_of_target(scores, targets, exclude)
-    return ranks
+    return functools.partial(ranks_of, reatt=reatt)
 
 
 __all__ = ["evaluate", "make_rank_fn_reatt", "ndcg_hit_from_ranks"]

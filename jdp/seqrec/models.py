@@ -254,13 +254,17 @@ def sampled_next_item_loss(logits: jax.Array, targets: jax.Array, negatives: jax
 
 def make_loss_fn(model: SeqRecModel, reatt: dict | None = None, deterministic: bool = False,
                  log_q: jax.Array | None = None):
-    """loss_fn(params, batch) -> per-example losses [B] for the clipping engine.
+    """loss_fn(params, batch, reatt=None) -> per-example losses [B] for the clipping engine.
 
     batch: {"input": [B, L], "target": [B, L], "key": [B] dropout keys (key of example 0 is used, so
     a batch of one gets its own key)} and, for a sampled softmax, "negatives": [B, K] (the same K items
-    in every row: one draw per step shared by all users; log_q as in `sampled_next_item_loss`). reatt
-    values are treated as constants."""
-    def loss_fn(params: Any, batch: dict) -> jax.Array:
+    in every row: one draw per step shared by all users; log_q as in `sampled_next_item_loss`). The
+    Re-Attention variances are never differentiated: `reatt` here (constants in a compiled step), or
+    passed to the loss as the engine's `aux` (inputs of the step: a new release does not recompile)."""
+    default_reatt = reatt
+
+    def loss_fn(params: Any, batch: dict, reatt: dict | None = None) -> jax.Array:
+        reatt = default_reatt if reatt is None else reatt
         rngs = None if deterministic else {"dropout": batch["key"][0]}
         negatives = batch.get("negatives")
         logits = model.apply(params, batch["input"], deterministic=deterministic, reatt=reatt, rngs=rngs,

@@ -315,7 +315,7 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     # ---- model, optimiser, the DP-SGD step of jdp.clipping ----
     params = jax.jit(model.init)(k_init, jnp.zeros((1, L), jnp.int32))
     opt = optax.adamw(lr_schedule(cfg.lr, steps, cfg.warmup_frac), weight_decay=cfg.weight_decay)
-    loss_fn = make_loss_fn(model, reatt, log_q=log_q)
+    loss_fn = make_loss_fn(model, log_q=log_q)  # reatt: an input of the step (`aux`), not a constant
     k_noise, k_sample, k_dropout = jax.random.split(k_train, 3)
     if jnp.issubdtype(k_noise.dtype, jax.dtypes.prng_key):
         k_noise = jax.random.key_data(k_noise)  # raw key bits: the noise key is checkpointed in opt_state
@@ -343,6 +343,7 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     stop = steps if max_steps is None else min(steps, start + int(max_steps))
 
     zero = jax.tree_util.tree_map(jnp.zeros_like, state.params)
+    rank_fn = make_rank_fn_reatt(model, cfg.mask_history, reatt)  # one compilation for every evaluation
     windows = np.array(sorted({int(b) for b in cfg.length_buckets if 0 < b < L} | {L}))
     n_data = data.n_users
     eval_every = max(1, int(round(cfg.eval_every_epochs * per_epoch))) if cfg.eval_every_epochs > 0 else 0
@@ -364,7 +365,7 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
         shapes_seen |= new
         step_new_shapes.append(len(new))
         for _, batch, mask in chunks:
-            acc, sums = accumulate(state.params, acc, batch, mask)
+            acc, sums = accumulate(state.params, acc, batch, mask, reatt)
             loss_sum, count = loss_sum + sums["loss_sum"], count + sums["count"]
             nonfinite = nonfinite + sums["num_nonfinite"]
         if int(nonfinite):  # such users were dropped (the bound holds), but training has diverged
@@ -386,8 +387,8 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
                     dpe.ComposedDpEvent(fixed_events + [dp_sgd_event(sigma, q, done)]), cfg.delta)
             epoch_loss, epoch_count = 0.0, 0
         if eval_every and done % eval_every == 0 and done < steps:
-            m = evaluate(model, state.params, data.valid_input, data.valid_target, mask_history=cfg.mask_history,
-                         chunk=cfg.eval_chunk, reatt=reatt, length_buckets=cfg.length_buckets)
+            m = evaluate(model, state.params, data.valid_input, data.valid_target, chunk=cfg.eval_chunk,
+                         rank_fn=rank_fn, length_buckets=cfg.length_buckets)
             entry = {**(entry or {"step": done, "epoch": done * cfg.batch_size / N}),
                      "ndcg_at_10_valid": m["ndcg"], "hit_at_10_valid": m["hit"]}
         if entry is not None:
@@ -400,7 +401,6 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     params, steps_done = state.params, int(state.step)
 
     t0 = time.perf_counter()
-    rank_fn = make_rank_fn_reatt(model, cfg.mask_history, reatt)
     mv = evaluate(model, params, data.valid_input, data.valid_target, chunk=cfg.eval_chunk, rank_fn=rank_fn,
                   length_buckets=cfg.length_buckets)
     metrics = {"ndcg_at_10_valid": mv["ndcg"], "hit_at_10_valid": mv["hit"], "n_valid_users": mv["n_users"]}
@@ -427,9 +427,9 @@ def _nonprivate_step(loss_fn, opt, params, batch_size: float):
     tx = optax.chain(optax.scale(1.0 / batch_size), opt)
 
     @jax.jit
-    def accumulate(params, acc, batch, mask):
+    def accumulate(params, acc, batch, mask, aux=None):
         keep = jnp.asarray(mask)
-        loss, g = jax.value_and_grad(lambda p: jnp.sum(jnp.where(keep, loss_fn(p, batch), 0.0)))(params)
+        loss, g = jax.value_and_grad(lambda p: jnp.sum(jnp.where(keep, loss_fn(p, batch, aux), 0.0)))(params)
         sums = {"loss_sum": loss, "count": jnp.sum(keep), "num_nonfinite": jnp.int32(0)}
         return jax.tree_util.tree_map(jnp.add, acc, g), sums
 

@@ -90,3 +90,32 @@ def test_fit_short_run_learns():
     assert len(hist) == 40 and all(np.isfinite(h["loss"]) for h in hist)
     with pytest.raises(ValueError, match="steps"):
         dp.fit(params, {"x": x, "y": y}, jax.random.PRNGKey(1), steps=41, progress=False)
+
+
+@pytest.mark.parametrize("method", ["auto", "vmap"])
+def test_aux_is_an_input_of_the_step_not_a_baked_constant(method):
+    # a shared, non-differentiated value (e.g. a released statistic) passed as `aux`: the same clipped sum as
+    # closing over it, and a new value reuses the compiled step (no retrace, no recompile)
+    model = nn.Dense(3)
+    x = jax.random.normal(jax.random.key(0), (6, 4))
+    params = model.init(jax.random.key(1), x[:1])
+    batch = {"x": x, "y": jnp.arange(6) % 3}
+
+    def loss(p, b, aux):
+        logits = model.apply(p, b["x"]) * aux["scale"] + aux["shift"]
+        return optax.softmax_cross_entropy_with_integer_labels(logits, b["y"])
+
+    kw = dict(num_examples=60, batch_size=6, l2_clip=0.5, delta=1e-5, steps=3, noise_multiplier=1.0, method=method)
+    dp = jc.dp_sgd(loss, optax.sgd(0.1), **kw)
+    acc = dp.accumulate
+    zero = jax.tree.map(jnp.zeros_like, params)
+    mask = jnp.ones(6, bool)
+    for scale in (0.5, 2.0, 3.0):
+        aux = {"scale": jnp.float32(scale), "shift": jnp.linspace(0.0, 1.0, 3)}
+        got, sums = acc(params, zero, batch, mask, aux)
+        closed = jc.dp_sgd(lambda p, b: loss(p, b, aux), optax.sgd(0.1), **kw)
+        want, _ = closed.accumulate(params, zero, batch, mask)
+        for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
+        assert float(sums["count"]) == 6
+    assert acc._cache_size() == 1
