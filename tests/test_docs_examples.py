@@ -41,3 +41,17 @@ def test_minimal_example_runs(name, capsys):
     code = minimal_example((DOCS / f"{name}.md").read_text())
     exec(compile(code, f"docs/{name}.md", "exec"), {"__name__": f"docs_{name}"})
     assert capsys.readouterr().out.strip(), "the example prints what it computed"
+
+
+def test_every_notebook_opens_with_the_same_guarded_install_cell():
+    # Colab / a fresh kernel: the first code cell installs jdp (with the notebook extras) when it is missing,
+    # the same cell in every notebook, so the source it installs from is set the same way everywhere
+    import json
+    firsts = {}
+    for path in sorted((DOCS.parent / "notebooks").glob("*.ipynb")):
+        cells = json.loads(path.read_text())["cells"]
+        firsts[path.name] = "".join(next(c for c in cells if c["cell_type"] == "code")["source"])
+    assert len(firsts) >= 5 and len(set(firsts.values())) == 1, firsts
+    cell = next(iter(firsts.values()))
+    assert 'if importlib.util.find_spec("jdp") is None:' in cell
+    assert '%pip install -q "jdp[notebook] @ {JDP_SOURCE}"' in cell
