@@ -42,6 +42,21 @@ def test_calibrate_agrees_with_compute_epsilon(make_event, epsilon):
     assert spent >= 0.97 * epsilon
 
 
+@pytest.mark.parametrize("scale", [1e-3, 0.3, 7.0, 2e3])
+def test_calibrate_finds_roots_far_from_one_and_respects_the_bracket(scale):
+    # the root search starts at 1 and walks out by ×4: roots far on either side, a root below the bracket
+    # (the bracket's low end is returned: it already spends ≤ ε) and one above it (error) are all handled
+    def event(s):
+        return gaussian_event(s / scale)
+    s = calibrate(event, 1.0, DELTA, bracket=(1e-6, 1e7))
+    assert compute_epsilon(event(s), DELTA) <= 1.0 * (1 + 1e-9)
+    assert compute_epsilon(event(s * (1 - 1e-4)), DELTA) > 1.0  # the smallest such parameter, to 1e-4
+    root = s
+    assert calibrate(event, 1.0, DELTA, bracket=(2 * root, 4 * root)) == 2 * root
+    with pytest.raises(ValueError, match="cannot reach"):
+        calibrate(event, 1.0, DELTA, bracket=(root / 8, root / 2))
+
+
 def test_self_composed_pure_dp_calibration_counts_every_release():
     """Audit item 5 repro: 10 self-composed ε/10 releases calibrated to total ε = 1.
 
