@@ -165,13 +165,23 @@ def run(args: argparse.Namespace) -> int:
         "item_counts": "public (caller-declared)" if public is not None else (
             "DP histogram" if res.item_counts_released is not None else None),
         "evaluation": {"ranking": "full (all items, padding excluded)", "history_masked": cfg.mask_history},
-        "metrics": res.metrics, "history": res.history,
+        "metrics": res.metrics, "baselines": res.baselines, "history": res.history,
         "privacy": res.privacy.to_dict() if res.privacy is not None else {"non_private": True, "epsilon": None},
         "timings": {**res.timings, "load_s": t_load},
     }
     if res.privacy is not None:
         print(res.privacy)
     print(json.dumps(res.metrics, indent=1))
+    for name, m in res.baselines.items():
+        what = ("each user's own recent items, nothing released" if name == "zero_cost"
+                else "items by the released / public counts, no further release")
+        print(f"baseline {name} ({what}): NDCG@10 test {m['ndcg_at_10_test']:.4%}  HIT@10 test {m['hit_at_10_test']:.4%}")
+    free = res.baselines.get("zero_cost", {}).get("ndcg_at_10_test")
+    if free is not None and "ndcg_at_10_test" in res.metrics and res.metrics["ndcg_at_10_test"] < free:
+        warning = (f"the model (test NDCG@10 {res.metrics['ndcg_at_10_test']:.4%}) is worse than the zero-cost "
+                   f"baseline ({free:.4%}: each user's own recent items, nothing released)")
+        out.setdefault("warnings", []).append(warning)
+        print(f"WARNING: {warning}")
     if args.out:
         pathlib.Path(args.out).write_text(json.dumps(out, indent=2, default=float) + "\n")
     if args.plot:

@@ -63,6 +63,46 @@ def evaluate(model: Any, params: Any, inputs: np.ndarray, targets: np.ndarray, k
     return {**ndcg_hit_from_ranks(ranks, k), "n_users": int(keep.size)}
 
 
+def own_history_ranks(inputs: np.ndarray, targets: np.ndarray, n_items: int) -> np.ndarray:
+    """0-based ranks of the targets under the ZERO-COST ranking: the user's own distinct items, most recent
+    first, then every other item tied (pessimistic: a target outside the history ranks last, n_items − 1).
+    Each user computes it from their own history alone; nothing is released."""
+    ranks = np.full(targets.shape[0], n_items - 1, np.int64)
+    for u, (row, t) in enumerate(zip(np.asarray(inputs), np.asarray(targets))):
+        recent = row[row > 0][::-1]
+        if t in recent:
+            items, first = np.unique(recent, return_index=True)  # each item's most recent position
+            ranks[u] = int(np.sum(first < first[np.searchsorted(items, t)]))
+    return ranks
+
+
+def popularity_ranks(targets: np.ndarray, item_scores: np.ndarray) -> np.ndarray:
+    """0-based ranks of the targets when every user gets the items ordered by `item_scores` [n_items + 1]
+    (index 0 = padding, never ranked), ties pessimistic: a popularity recommender built from released or
+    public counts only."""
+    scores = np.asarray(item_scores, np.float64)[1:]
+    order = np.sort(scores)
+    t = scores[np.asarray(targets) - 1]
+    return scores.size - np.searchsorted(order, t, side="left") - 1
+
+
+def baseline_metrics(data: Any, item_scores: np.ndarray | None = None, k: int = 10) -> dict:
+    """NDCG@k / HIT@k on the validation and test targets of `data` (a SeqData) of what users get without
+    the model: "zero_cost" (`own_history_ranks`) and, given public or already released item counts,
+    "popularity" (`popularity_ranks`, post-processing of that release: no further privacy cost)."""
+    out = {}
+    for split, inputs, targets in (("valid", data.valid_input, data.valid_target),
+                                   ("test", data.test_input, data.test_target)):
+        keep = np.flatnonzero(np.asarray(targets) > 0)
+        rankings = {"zero_cost": own_history_ranks(inputs[keep], targets[keep], data.n_items)}
+        if item_scores is not None:
+            rankings["popularity"] = popularity_ranks(targets[keep], item_scores)
+        for name, ranks in rankings.items():
+            m = ndcg_hit_from_ranks(ranks, k)
+            out.setdefault(name, {}).update({f"ndcg_at_{k}_{split}": m["ndcg"], f"hit_at_{k}_{split}": m["hit"]})
+    return out
+
+
 def make_rank_fn_reatt(model: Any, mask_history: bool = False, reatt: dict | None = None):
     """ranks(params, inputs [b, L], targets [b]) -> 0-based rank of each target among all items. The
     Re-Attention variances are an input of the compiled program, not constants in it: a new release
@@ -80,4 +120,5 @@ def make_rank_fn_reatt(model: Any, mask_history: bool = False, reatt: dict | Non
     return functools.partial(ranks_of, reatt=reatt)
 
 
-__all__ = ["evaluate", "make_rank_fn_reatt", "ndcg_hit_from_ranks"]
+__all__ = ["baseline_metrics", "evaluate", "make_rank_fn_reatt", "ndcg_hit_from_ranks", "own_history_ranks",
+           "popularity_ranks"]

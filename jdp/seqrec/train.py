@@ -38,7 +38,7 @@ from jdp.clipping import METHODS as CLIPPING_METHODS
 from jdp.clipping.dp_sgd import dp_sgd, dp_sgd_event, poisson_indices
 from jdp.seqrec import reattention as ra
 from jdp.seqrec.data import SeqData, item_presence
-from jdp.seqrec.evaluate import evaluate, make_rank_fn_reatt
+from jdp.seqrec.evaluate import baseline_metrics, evaluate, make_rank_fn_reatt
 from jdp.seqrec.models import make_loss_fn, make_model
 from jdp.validation import check_delta, check_epsilon, check_positive
 
@@ -117,6 +117,8 @@ class TrainResult:
     timings: dict
     reatt: dict | None
     item_counts_released: np.ndarray | None
+    # what users get without the model, on the same targets (`evaluate.baseline_metrics`)
+    baselines: dict = dataclasses.field(default_factory=dict)
 
 
 def lr_schedule(lr: float, steps: int, warmup_frac: float) -> optax.Schedule:
@@ -408,11 +410,14 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
         mt = evaluate(model, params, data.test_input, data.test_target, chunk=cfg.eval_chunk, rank_fn=rank_fn,
                       length_buckets=cfg.length_buckets)
         metrics.update({"ndcg_at_10_test": mt["ndcg"], "hit_at_10_test": mt["hit"], "n_test_users": mt["n_users"]})
+    # zero cost (each user's own history) and, from public or already released counts, popularity
+    popular = public_item_counts if public_item_counts is not None else counts_rel if private else None
+    baselines = baseline_metrics(data, popular)
     t_eval = time.perf_counter() - t0
     timings = {"train_s": t_train, "eval_s": t_eval, "total_s": time.perf_counter() - t_start,
                "steps_run": stop - start, "steps_done": steps_done, "epochs_done": steps_done * cfg.batch_size / N,
                "s_per_step": t_train / max(1, stop - start), "step_s": step_s, "step_new_shapes": step_new_shapes}
-    return TrainResult(params, metrics, report, float(sigma), steps, history, timings, reatt, counts_rel)
+    return TrainResult(params, metrics, report, float(sigma), steps, history, timings, reatt, counts_rel, baselines)
 
 
 class _PlainState(NamedTuple):

@@ -118,6 +118,10 @@ def test_private_dpformer_report_histogram_checkpoint(tmp_path):
     assert r.metrics["ndcg_at_10_test"] <= r.metrics["hit_at_10_test"]
     d_json = r.privacy.to_dict()
     assert d_json["releases"][0]["name"] == "item frequency histogram"
+    # baselines beside the model: zero cost (own history) and popularity from the RELEASED counts
+    from jdp.seqrec.evaluate import baseline_metrics
+    assert r.baselines == baseline_metrics(d, r.item_counts_released)
+    assert set(r.baselines) == {"zero_cost", "popularity"}
     # resume from the final checkpoint: no steps left, same parameters
     r2 = train.train(d, cfg, jax.random.key(0), checkpoint=ck, progress=False, evaluate_test=False)
     assert r2.timings["steps_run"] == 0
@@ -214,3 +218,27 @@ def test_sampled_softmax_training_states_its_negatives_and_learns():
         train.train(d, dataclasses.replace(base, negatives=d.n_items), jax.random.key(0), progress=False)
     with pytest.raises(ValueError, match="tied"):
         dataclasses.replace(base, model="transformer-untied").validate()
+
+
+def test_baseline_ranks_equal_brute_force_rankings():
+    from jdp.seqrec.evaluate import baseline_metrics, own_history_ranks, popularity_ranks
+    rng = np.random.default_rng(0)
+    M, U, L = 12, 200, 6
+    inputs = rng.integers(0, M + 1, (U, L))
+    targets = rng.integers(1, M + 1, U)
+    scores = rng.integers(0, 5, M + 1).astype(float)   # ties on purpose
+    for u in range(U):
+        # zero cost: distinct history items by recency (most recent = highest score), the rest tied at 0
+        s = np.zeros(M + 1)
+        seen = []
+        for item in inputs[u][::-1]:
+            if item > 0 and item not in seen:
+                seen.append(item)
+        for pos, item in enumerate(seen):
+            s[item] = L + 1 - pos
+        brute = np.sum(s[1:] >= s[targets[u]]) - 1               # pessimistic ties, padding never ranked
+        assert own_history_ranks(inputs[u:u + 1], targets[u:u + 1], M)[0] == brute
+        assert popularity_ranks(targets[u:u + 1], scores)[0] == np.sum(scores[1:] >= scores[targets[u]]) - 1
+    toy = _toy()
+    got = baseline_metrics(toy)
+    assert set(got) == {"zero_cost"} and 0.0 <= got["zero_cost"]["ndcg_at_10_test"] <= got["zero_cost"]["hit_at_10_test"] <= 1
