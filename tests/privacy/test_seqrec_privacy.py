@@ -167,3 +167,18 @@ def test_sampled_softmax_step_moves_by_one_clipped_user_when_the_layout_changes(
     worst, layout2 = step_sum(np.arange(13))
     assert layout != layout2  # the added user changed the other users' chunks
     assert np.linalg.norm(worst - base) == pytest.approx(C, rel=1e-3)
+
+
+def test_baselines_never_read_exact_counts():
+    """The popularity baseline is post-processing of released (or caller-declared public) counts only: a private
+    model without such counts gets the zero-cost baseline alone, and the popularity ranking changes with the
+    released histogram's noise (it is not the exact-count ranking)."""
+    from jdp.seqrec.evaluate import baseline_metrics
+    d = data.load("synthetic", data_seed=1, maxlen=8)
+    cfg = dict(epsilon=8.0, epochs=0.2, batch_size=64, d=8, blocks=1, dropout=0.0, eval_chunk=512, length_buckets=())
+    r = train.train(d, train.TrainConfig(model="gru", **cfg), jax.random.key(0), progress=False)
+    assert set(r.baselines) == {"zero_cost"}
+    r = train.train(d, train.TrainConfig(model="dpformer", **cfg), jax.random.key(0), progress=False)
+    assert r.baselines["popularity"] == baseline_metrics(d, r.item_counts_released)["popularity"]
+    exact = data.item_presence(d.train_input, d.train_target, d.n_items)
+    assert not np.array_equal(r.item_counts_released, exact)
