@@ -145,6 +145,14 @@ def run(args) -> int:
         best = q.max(-1)
         chosen = np.take_along_axis(q, idx.reshape(-1, 1), axis=-1)[:, 0]
         payload["mse_vs_best"] = float(np.mean((best - chosen) ** 2))  # evaluation, not a release
+        # the zero-cost selector: a uniformly random candidate (reads no data, releases nothing), in expectation
+        payload["mse_vs_best_uniform"] = float(np.mean((best[:, None] - q) ** 2))
+        sq = (best - chosen) ** 2
+        if payload["mse_vs_best"] - 2 * float(np.std(sq)) / np.sqrt(sq.size) > payload["mse_vs_best_uniform"]:
+            warning = (f"the private selection (MSE vs best {payload['mse_vs_best']:.4g}) is worse than a uniformly "
+                       f"random choice ({payload['mse_vs_best_uniform']:.4g}: reads no data, costs no privacy)")
+            payload["warnings"] = [warning]
+            print(f"WARNING: {warning}", file=sys.stderr)
     print(str(report), file=sys.stderr)
     _emit(payload, args.out)
     _plot("select run", payload, getattr(args, "plot", None))
