@@ -7,10 +7,10 @@ reference, the PrivacyReport (unit = task) and timings.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import pathlib
+import sys
 import time
 
 from jdp.cli import add_seed_arguments, noise_seed
@@ -140,6 +140,11 @@ def run(args) -> int:
         "batch_size": None if result is None else result.batch_size,
         "privacy": report.to_dict(), "timings": timings, "seed": seed, "data_seed": args.data_seed,
     }
+    if result is not None and args.algorithm != "nonprivate" and risk > local:
+        warning = (f"the private meta-initialisation (transfer risk {risk:.4g}) is worse than local training "
+                   f"({local:.4g}: each task learns from its own data alone, nothing released)")
+        out["warnings"] = [warning]
+        print(f"WARNING: {warning}", file=sys.stderr)
     text = json.dumps(out, indent=2, default=lambda v: None if isinstance(v, float) and math.isinf(v) else float(v))
     print(text)
     if args.out is not None:
