@@ -190,11 +190,14 @@ def _raw_contribs(plan, leaves, records, grads, contribs):
     for r in plan.raw:
         x, g = records[r.index], grads[r.index]
         B = g.shape[0]
-        x = jnp.moveaxis(x, 1 + r.act_axis, -1)
+        lead = 1 if r.length else 0   # inside a scan: records and gradients stacked over its iterations
+        x = jnp.moveaxis(x, 1 + lead + r.act_axis, -1)
         X = x.reshape(B, -1, x.shape[-1]).astype(jnp.float32)
         if r.param_operand == 0:      # dot_general output: (parameter's free axis, activation's free axes)
-            g = jnp.moveaxis(g, 1, -1)
+            g = jnp.moveaxis(g, 1 + lead, -1)
         G = g.reshape(B, X.shape[1], -1).astype(jnp.float32)
+        if r.part:                    # the leaf's slice of a packed (concatenated) matrix
+            G = G[..., r.part[0]:r.part[0] + r.part[1]]
         shape = np.shape(leaves[r.leaf])
         contribs[r.leaf].pq = tuple(shape)
         contribs[r.leaf].mats.append((X, G) if r.param_axis == 0 else (G, X))
@@ -454,7 +457,8 @@ def explain(loss_fn: Callable, params: Any, batch: Any, method: str = "auto",
             d = {"norm": "fallback", "bytes": 4 * B * int(np.size(leaves[i]))}
         described[paths[i]] = d
     rows.append({"raw_products": [{"param": paths[r.leaf], "contracted_axis": r.param_axis,
-                                   "out_shape": r.out_shape[1:]} for r in plan.raw],
+                                   "out_shape": r.out_shape[1:], **({"scan_length": r.length} if r.length else {})}
+                                  for r in plan.raw],
                  "fallback": [paths[i] for i in plan.fallback],
                  "fallback_bytes": sum(described[paths[i]]["bytes"] for i in plan.fallback),
                  "leaves": described})

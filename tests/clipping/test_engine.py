@@ -384,3 +384,46 @@ def test_long_lookup_norms_sum_repeated_ids_exactly():
     short = lookup_sq_norms(ids[:, :4], R[:, :4])  # the dense form below the size threshold
     np.testing.assert_allclose(np.asarray(short), np.asarray(jax.vmap(
         lambda i, r: jnp.sum(jnp.zeros((40, 5)).at[i].add(r) ** 2))(ids[:, :4], R[:, :4])), rtol=1e-5)
+
+
+class RNNClassifier(nn.Module):
+    """Flax's RNN classifier style: Embed + nn.RNN(cell) + Dense on the last state."""
+    cell: str = "lstm"
+    reverse: bool = False
+
+    @nn.compact
+    def __call__(self, ids):
+        cell = {"lstm": nn.LSTMCell, "optimized-lstm": nn.OptimizedLSTMCell, "gru": nn.GRUCell,
+                "simple": nn.SimpleCell}[self.cell](7)
+        h = nn.RNN(cell, reverse=self.reverse)(nn.Embed(20, 5)(ids))
+        return nn.Dense(3)(h[:, -1])
+
+
+@pytest.mark.parametrize("cell,reverse", [("lstm", False), ("optimized-lstm", False), ("gru", True),
+                                          ("simple", False)])
+def test_rnn_cell_kernels_are_tapped_inside_the_scan(cell, reverse):
+    """The cells' kernels inside nn.RNN's scan (loop invariants read in matrix products, OptimizedLSTMCell's
+    packed side by side) are tapped per iteration instead of sent to the vmap fallback; only the biases (read by
+    an add) fall back. Exact for every method, and when a kernel is also read outside the scan it falls back
+    whole, still exact."""
+    model = RNNClassifier(cell, reverse)
+    x = jax.random.randint(jax.random.PRNGKey(4), (6, 9), 0, 20)
+    batch = {"x": x, "y": jnp.arange(6) % 3}
+    params, loss_fn, C = setup(model, batch, x, 2, clip_scale=0.7)
+    ref_sum, ref_norms = reference(loss_fn, params, batch, C)
+    for method in ("auto", "ghost", "ghost-two-pass", "bk") if cell == "lstm" else ("auto",):
+        check(run(loss_fn, params, batch, l2_clip=C, method=method), ref_sum, ref_norms)
+    plan = jc.explain(loss_fn, params, batch)[-1]
+    (cell_name,) = set(params) - {"Embed_0", "Dense_0"}
+    cell_paths = [f"['{cell_name}']" + jax.tree_util.keystr(k)
+                  for k, _ in jax.tree_util.tree_flatten_with_path(params[cell_name])[0]]
+    tapped = {r["param"] for r in plan["raw_products"] if r.get("scan_length") == 9}
+    assert tapped == {p for p in cell_paths if "kernel" in p}
+    assert plan["fallback"] == sorted(p for p in cell_paths if "bias" in p)
+
+    def loss_reg(p, b):  # one kernel also read outside the scan: that kernel falls back whole
+        k = p[cell_name][sorted(p[cell_name])[0]]["kernel"]
+        return loss_fn(p, b) + 0.01 * jnp.sum(k ** 2)
+    ref_sum, ref_norms = reference(loss_reg, params, batch, C)
+    check(run(loss_reg, params, batch, l2_clip=C), ref_sum, ref_norms)
+    assert any("kernel" in p for p in jc.explain(loss_reg, params, batch)[-1]["fallback"])
