@@ -394,8 +394,8 @@ class RNNClassifier(nn.Module):
     @nn.compact
     def __call__(self, ids):
         cell = {"lstm": nn.LSTMCell, "optimized-lstm": nn.OptimizedLSTMCell, "gru": nn.GRUCell,
-                "simple": nn.SimpleCell}[self.cell](7)
-        h = nn.RNN(cell, reverse=self.reverse)(nn.Embed(20, 5)(ids))
+                "simple": nn.SimpleCell}[self.cell](32)
+        h = nn.RNN(cell, reverse=self.reverse)(nn.Embed(20, 16)(ids))
         return nn.Dense(3)(h[:, -1])
 
 
@@ -405,9 +405,10 @@ def test_rnn_cell_kernels_are_tapped_inside_the_scan(cell, reverse):
     """The cells' kernels inside nn.RNN's scan (loop invariants read in matrix products, OptimizedLSTMCell's
     packed side by side) are tapped per iteration instead of sent to the vmap fallback; only the biases (read by
     an add) fall back. Exact for every method, and when a kernel is also read outside the scan it falls back
-    whole, still exact."""
+    whole, still exact. (Short sequences, wide cells: tapping records less than the kernels' size; over long
+    sequences small cells fall back, see `_scan_leaves_cheaper_whole`.)"""
     model = RNNClassifier(cell, reverse)
-    x = jax.random.randint(jax.random.PRNGKey(4), (6, 9), 0, 20)
+    x = jax.random.randint(jax.random.PRNGKey(4), (6, 3), 0, 20)
     batch = {"x": x, "y": jnp.arange(6) % 3}
     params, loss_fn, C = setup(model, batch, x, 2, clip_scale=0.7)
     ref_sum, ref_norms = reference(loss_fn, params, batch, C)
@@ -417,7 +418,7 @@ def test_rnn_cell_kernels_are_tapped_inside_the_scan(cell, reverse):
     (cell_name,) = set(params) - {"Embed_0", "Dense_0"}
     cell_paths = [f"['{cell_name}']" + jax.tree_util.keystr(k)
                   for k, _ in jax.tree_util.tree_flatten_with_path(params[cell_name])[0]]
-    tapped = {r["param"] for r in plan["raw_products"] if r.get("scan_length") == 9}
+    tapped = {r["param"] for r in plan["raw_products"] if r.get("scan_length") == 3}
     assert tapped == {p for p in cell_paths if "kernel" in p}
     assert plan["fallback"] == sorted(p for p in cell_paths if "bias" in p)
 
@@ -427,3 +428,14 @@ def test_rnn_cell_kernels_are_tapped_inside_the_scan(cell, reverse):
     ref_sum, ref_norms = reference(loss_reg, params, batch, C)
     check(run(loss_reg, params, batch, l2_clip=C), ref_sum, ref_norms)
     assert any("kernel" in p for p in jc.explain(loss_reg, params, batch)[-1]["fallback"])
+
+
+def test_small_rnn_cell_over_a_long_sequence_falls_back_whole():
+    model = RNNClassifier("lstm")
+    x = jax.random.randint(jax.random.PRNGKey(4), (4, 40), 0, 20)   # 40 steps × (16 + 32) > 16 × 32
+    batch = {"x": x, "y": jnp.arange(4) % 3}
+    params, loss_fn, C = setup(model, batch, x, 2, clip_scale=0.7)
+    plan = jc.explain(loss_fn, params, batch)[-1]
+    assert not any(r.get("scan_length") for r in plan["raw_products"])
+    assert sum("kernel" in p for p in plan["fallback"]) == 8
+    check(run(loss_fn, params, batch, l2_clip=C), *reference(loss_fn, params, batch, C))
