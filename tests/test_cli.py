@@ -85,3 +85,14 @@ def test_cli_runs_use_a_persistent_compilation_cache(tmp_path, monkeypatch):
         assert enable_compilation_cache() == str(tmp_path / "mine")  # the caller's choice is kept
     finally:
         jax.config.update("jax_compilation_cache_dir", before)
+
+
+def test_a_command_imports_only_its_own_subcommand_package():
+    # start-up time: `jdp altmin ...` must not import seqrec (flax, the clipping engine); `jdp --help` lists all
+    import subprocess
+    import sys
+    code = ("import sys; from jdp.cli import build_parser; p = build_parser(['altmin', '--help']); "
+            "print('jdp.seqrec' in sys.modules, 'jdp.meta' in sys.modules); build_parser([]); "
+            "print('jdp.seqrec' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "False", "True"]
