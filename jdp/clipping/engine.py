@@ -431,7 +431,8 @@ def explain(loss_fn: Callable, params: Any, batch: Any, method: str = "auto",
       fallback_bytes: memory of those per-example gradients (B x their size, float32);
       leaves: per used parameter, how its norm is computed ("ghost", "instantiated", "lookup",
         "fallback"), the working memory in bytes and, for matrix sites, the FLOPs of both norm
-        methods that the mixed rule compares (instantiation costs ~GHOST_COST_FACTOR less per FLOP).
+        methods that the mixed rule compares (instantiation costs ~GHOST_COST_FACTOR less per FLOP);
+        a fallback leaf that could have been tapped inside a scan says why it was not ("why").
     """
     leaves, treedef = jax.tree.flatten(params)
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
@@ -455,6 +456,8 @@ def explain(loss_fn: Callable, params: Any, batch: Any, method: str = "auto",
     for i, d in out["leaves"].items():
         if i in plan.fallback:
             d = {"norm": "fallback", "bytes": 4 * B * int(np.size(leaves[i]))}
+            if i in plan.cheaper_whole:
+                d["why"] = "read in a scan's matrix products, but smaller than what tapping them would record"
         described[paths[i]] = d
     rows.append({"raw_products": [{"param": paths[r.leaf], "contracted_axis": r.param_axis,
                                    "out_shape": r.out_shape[1:], **({"scan_length": r.length} if r.length else {})}

@@ -438,6 +438,7 @@ class Plan:
     fallback: tuple[int, ...]
     loss_shape: tuple[int, ...]
     raw: tuple[RawMatmul, ...] = ()
+    cheaper_whole: frozenset[int] = frozenset()   # read in scan products, but smaller whole (see below)
 
 
 _CHAIN = ("transpose", "convert_element_type")  # ops through which a raw parameter may reach its product
@@ -664,7 +665,8 @@ def discover(per_example_loss: Callable, leaves: Sequence[Any], treedef, example
     via_site = {i for i in range(n) if invars[n + i] in used}     # leaf used by a site
     sites = tuple(tapper.sites)
     raw, raw_ok = raw_matmuls(closed.jaxpr, n) if use_taps else ([], set())
-    raw_ok -= _scan_leaves_cheaper_whole(raw, leaves)
+    cheaper_whole = _scan_leaves_cheaper_whole(raw, leaves) & raw_ok
+    raw_ok -= cheaper_whole
     # A leaf used outside sites other than in raw products falls back, and so does every leaf of a module
     # with such a leaf (the module is not tapped at all); repeated until no site changes, so a leaf is either
     # tapped at EVERY use (sites and raw products) or differentiated whole by the fallback.
@@ -679,7 +681,7 @@ def discover(per_example_loss: Callable, leaves: Sequence[Any], treedef, example
     raw = [r for _, r in raw if r.leaf in covered]
     raw = tuple(dataclasses.replace(r, index=k) for k, r in enumerate(raw))
     fallback = tuple(sorted((direct | via_site) - covered))
-    return Plan(sites, allowed, frozenset(covered), fallback, holder["loss_shape"], raw)
+    return Plan(sites, allowed, frozenset(covered), fallback, holder["loss_shape"], raw, frozenset(cheaper_whole))
 
 
 def run_per_example(per_example_loss: Callable, plan: Plan, leaves: Sequence[Any], treedef,

@@ -438,4 +438,5 @@ def test_small_rnn_cell_over_a_long_sequence_falls_back_whole():
     plan = jc.explain(loss_fn, params, batch)[-1]
     assert not any(r.get("scan_length") for r in plan["raw_products"])
     assert sum("kernel" in p for p in plan["fallback"]) == 8
+    assert all("why" in plan["leaves"][p] for p in plan["fallback"] if "kernel" in p)
     check(run(loss_fn, params, batch, l2_clip=C), *reference(loss_fn, params, batch, C))
