@@ -175,7 +175,8 @@ def run(args: argparse.Namespace) -> int:
     for name, m in res.baselines.items():
         what = ("each user's own recent items, nothing released" if name == "zero_cost"
                 else "items by the released / public counts, no further release")
-        print(f"baseline {name} ({what}): NDCG@10 test {m['ndcg_at_10_test']:.4%}  HIT@10 test {m['hit_at_10_test']:.4%}")
+        print(f"baseline {name} ({what}): NDCG@10 test {m.get('ndcg_at_10_test', float('nan')):.4%}  "
+              f"HIT@10 test {m.get('hit_at_10_test', float('nan')):.4%}")
     free = res.baselines.get("zero_cost", {}).get("ndcg_at_10_test")
     if free is not None and "ndcg_at_10_test" in res.metrics and res.metrics["ndcg_at_10_test"] < free:
         warning = (f"the model (test NDCG@10 {res.metrics['ndcg_at_10_test']:.4%}) is worse than the zero-cost "

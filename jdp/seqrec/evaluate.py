@@ -86,13 +86,16 @@ def popularity_ranks(targets: np.ndarray, item_scores: np.ndarray) -> np.ndarray
     return scores.size - np.searchsorted(order, t, side="left") - 1
 
 
-def baseline_metrics(data: Any, item_scores: np.ndarray | None = None, k: int = 10) -> dict:
-    """NDCG@k / HIT@k on the validation and test targets of `data` (a SeqData) of what users get without
-    the model: "zero_cost" (`own_history_ranks`) and, given public or already released item counts,
-    "popularity" (`popularity_ranks`, post-processing of that release: no further privacy cost)."""
+def baseline_metrics(data: Any, item_scores: np.ndarray | None = None, k: int = 10,
+                     splits: tuple[str, ...] = ("valid", "test")) -> dict:
+    """NDCG@k / HIT@k on the `splits` targets of `data` (a SeqData) of what users get without the model:
+    "zero_cost" (`own_history_ranks`) and, given public or already released item counts, "popularity"
+    (`popularity_ranks`, post-processing of that release: no further privacy cost)."""
+    if not set(splits) <= {"valid", "test"}:
+        raise ValueError(f"splits must be among ('valid', 'test'), got {splits!r}")
     out = {}
-    for split, inputs, targets in (("valid", data.valid_input, data.valid_target),
-                                   ("test", data.test_input, data.test_target)):
+    for split in splits:
+        inputs, targets = getattr(data, f"{split}_input"), getattr(data, f"{split}_target")
         keep = np.flatnonzero(np.asarray(targets) > 0)
         rankings = {"zero_cost": own_history_ranks(inputs[keep], targets[keep], data.n_items)}
         if item_scores is not None:

@@ -412,7 +412,7 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
         metrics.update({"ndcg_at_10_test": mt["ndcg"], "hit_at_10_test": mt["hit"], "n_test_users": mt["n_users"]})
     # zero cost (each user's own history) and, from public or already released counts, popularity
     popular = public_item_counts if public_item_counts is not None else counts_rel if private else None
-    baselines = baseline_metrics(data, popular)
+    baselines = baseline_metrics(data, popular, splits=("valid", "test") if evaluate_test else ("valid",))
     t_eval = time.perf_counter() - t0
     timings = {"train_s": t_train, "eval_s": t_eval, "total_s": time.perf_counter() - t_start,
                "steps_run": stop - start, "steps_done": steps_done, "epochs_done": steps_done * cfg.batch_size / N,

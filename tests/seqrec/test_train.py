@@ -125,6 +125,7 @@ def test_private_dpformer_report_histogram_checkpoint(tmp_path):
     # resume from the final checkpoint: no steps left, same parameters
     r2 = train.train(d, cfg, jax.random.key(0), checkpoint=ck, progress=False, evaluate_test=False)
     assert r2.timings["steps_run"] == 0
+    assert not any("test" in k for m in r2.baselines.values() for k in m)  # evaluate_test=False: test untouched
     for a, b in zip(jax.tree_util.tree_leaves(r.params), jax.tree_util.tree_leaves(r2.params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     # caller-declared public counts: no histogram release, the whole budget goes to DP-SGD
