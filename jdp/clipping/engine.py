@@ -457,7 +457,7 @@ def explain(loss_fn: Callable, params: Any, batch: Any, method: str = "auto",
         if i in plan.fallback:
             d = {"norm": "fallback", "bytes": 4 * B * int(np.size(leaves[i]))}
             if i in plan.cheaper_whole:
-                d["why"] = "read in a scan's matrix products, but smaller than what tapping them would record"
+                d["why"] = "read in a scan's matrix products, but its scan's kernels are smaller than what tapping records"
         described[paths[i]] = d
     rows.append({"raw_products": [{"param": paths[r.leaf], "contracted_axis": r.param_axis,
                                    "out_shape": r.out_shape[1:], **({"scan_length": r.length} if r.length else {})}
