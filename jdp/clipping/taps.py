@@ -469,15 +469,15 @@ def _chain(jaxpr, uses, var, perm=(0, 1)) -> dict[Any, tuple[int, int]]:
     return chain
 
 
-def _products(jaxpr, chains: dict[int, dict], in_scan: bool) -> tuple[list[tuple[int, RawMatmul]], set[int]]:
+def _products(jaxpr, uses, chains: dict[int, dict], in_scan: bool) -> tuple[list[tuple[int, RawMatmul]], set[int]]:
     """Raw products of the leaves whose vars in `jaxpr` are `chains` ({leaf: {var: perm}}): [(equation index,
     RawMatmul)] and the leaves with a use that is not such a product. At the top level (not `in_scan`), a leaf
-    that is a loop-invariant input of a `scan` is followed into the scan's body (one level)."""
-    uses = _uses(jaxpr)
+    that is a loop-invariant input of a `scan` is followed into the scan's body (one level). `uses`: `_uses(jaxpr)`."""
     returned = {v for v in jaxpr.outvars if isinstance(v, jex_core.Var)}
     on_chain = {var for chain in chains.values() for var in chain}
     found, bad = [], set()
     scans: dict[int, dict[int, dict]] = {}          # scan equation -> {leaf: chain in its body}
+    body_uses: dict[int, dict] = {}
     for i, chain in chains.items():
         for var, perm in chain.items():
             if var in returned:
@@ -497,7 +497,9 @@ def _products(jaxpr, chains: dict[int, dict], in_scan: bool) -> tuple[list[tuple
                 if name == "scan" and not in_scan and pos < eqn.params["num_consts"]:
                     body = eqn.params["jaxpr"].jaxpr
                     inner = scans.setdefault(e, {}).setdefault(i, {})
-                    inner.update(_chain(body, _uses(body), body.invars[pos], perm))
+                    if e not in body_uses:
+                        body_uses[e] = _uses(body)
+                    inner.update(_chain(body, body_uses[e], body.invars[pos], perm))
                     continue
                 if name != "dot_general" or eqn.invars[1 - pos] in on_chain:
                     bad.add(i)
@@ -513,7 +515,7 @@ def _products(jaxpr, chains: dict[int, dict], in_scan: bool) -> tuple[list[tuple
                                            act_size=math.prod(eqn.invars[1 - pos].aval.shape))))
     for e, inner_chains in scans.items():
         length = int(jaxpr.eqns[e].params["length"])
-        inner, inner_bad = _products(jaxpr.eqns[e].params["jaxpr"].jaxpr, inner_chains, in_scan=True)
+        inner, inner_bad = _products(jaxpr.eqns[e].params["jaxpr"].jaxpr, body_uses[e], inner_chains, in_scan=True)
         bad |= inner_bad
         found += [(e, dataclasses.replace(r, length=length, body_eqn=b)) for b, r in inner]
     return found, bad
@@ -553,7 +555,7 @@ def raw_matmuls(jaxpr, n_leaves: int) -> tuple[list[tuple[int, RawMatmul]], set[
     uses = _uses(jaxpr)
     chains = {i: _chain(jaxpr, uses, v) for i, v in enumerate(jaxpr.invars[:n_leaves])
               if len(getattr(v.aval, "shape", ())) == 2}
-    found, bad = _products(jaxpr, chains, in_scan=False)
+    found, bad = _products(jaxpr, uses, chains, in_scan=False)
     ok = {i for i in chains if uses.get(jaxpr.invars[i]) and i not in bad} & {r.leaf for _, r in found}
     found = sorted(found, key=lambda t: (t[0], t[1].body_eqn))
     return [(e, dataclasses.replace(r, index=k)) for k, (e, r) in enumerate(found)], ok
