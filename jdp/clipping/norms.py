@@ -137,6 +137,19 @@ def lookup_sq_norms(ids: jax.Array, R: jax.Array) -> jax.Array:
     return jax.vmap(one)(ids, R)
 
 
+def _gram(X: jax.Array) -> jax.Array:
+    """Per-example Grams X_b X_bᵀ [B,T,T] of X [B,T,P].
+
+    When P ≫ T (e.g. the logit gradients of a tied output layer, P = vocabulary) the batched GEMM runs
+    ~3x faster on CPU from X laid out as [B,P,T] (measured at T = 2..50, P = 23,716: 20–45 ms vs
+    68–118 ms); the barrier keeps XLA from folding the transpose back into the dot, so the layout is
+    materialised once (fused with the zeroing of dropped rows when that precedes it)."""
+    if X.shape[2] <= 4 * X.shape[1]:
+        return jnp.einsum("btp,bup->btu", X, X)
+    Xt = jax.lax.optimization_barrier(jnp.swapaxes(X, 1, 2))
+    return jnp.einsum("bpt,bpu->btu", Xt, Xt)
+
+
 def sq_norms_diag(c: LeafContribs, method: str, memory_limit: int) -> jax.Array:
     """Per-example squared norms [B] of one leaf's gradient."""
     n2 = 0.0
@@ -149,8 +162,7 @@ def sq_norms_diag(c: LeafContribs, method: str, memory_limit: int) -> jax.Array:
     if c.mats and not inst_mat:
         L = _cat([l for l, _ in c.mats])
         R = _cat([r for _, r in c.mats])
-        gl = jnp.einsum("btp,bup->btu", L, L)
-        gr = jnp.einsum("btq,buq->btu", R, R)
+        gl, gr = _gram(L), _gram(R)
         n2 = n2 + jnp.sum(gl * gr, axis=(1, 2))
         if c.lookups:
             cols = _gather_cols(L, ids)                       # [B, Tm, Tl]
