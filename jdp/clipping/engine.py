@@ -149,7 +149,10 @@ def _site_contribs(plan, leaves, records, tap_grads, contribs):
             gf = g.reshape(B, T, Q).astype(jnp.float32)
             contribs[kid].pq = (K * cg, Q)
             if G == 1:
-                contribs[kid].mats.append((pat.reshape(B, T, K * cg), gf))
+                def patches(xz, conv=site.conv, T=T, P=K * cg):
+                    return _taps.conv_patches(conv, xz).astype(jnp.float32).reshape(B, T, P)
+                contribs[kid].sources[len(contribs[kid].mats)] = (x, patches)
+                contribs[kid].mats.append((patches(x), gf))
             else:  # block-diagonal over groups: instantiated ([K, C_in/G, G, C_out/G] = the kernel layout)
                 u = jnp.einsum("btkgc,btgq->bkcgq", pat, gf.reshape(B, T, G, Q // G))
                 contribs[kid].insts.append(u.reshape(B, -1))

@@ -30,6 +30,9 @@ class LeafContribs:
     mats: list = dataclasses.field(default_factory=list)      # (L [B,T,P], R [B,T,Q])
     lookups: list = dataclasses.field(default_factory=list)   # (ids [B,T] int, R [B,T,Q])
     insts: list = dataclasses.field(default_factory=list)     # U [B, size]
+    # mats[i] -> (x, build) where L = build(x) is a gather of x (conv im2col patches, K x larger than x): the
+    # finiteness check reads x and dropped rows are zeroed in x, then L rebuilt (no K x larger copy)
+    sources: dict = dataclasses.field(default_factory=dict)
 
 
 def _rows_finite(x: jax.Array) -> jax.Array:
@@ -40,8 +43,10 @@ def finite_rows(contribs: dict[int, LeafContribs]) -> jax.Array | bool:
     """[B] True where every factor of the example's gradient (all leaves) is finite."""
     ok = True
     for c in contribs.values():
-        for L, R in c.mats:
-            ok = ok & _rows_finite(L) & _rows_finite(R)
+        for i, (L, R) in enumerate(c.mats):
+            # a source x holds every value its patches L hold (and possibly a few no output reads): checking
+            # x can only drop more examples, never keep one whose factor is not finite
+            ok = ok & _rows_finite(c.sources[i][0] if i in c.sources else L) & _rows_finite(R)
         for _, R in c.lookups:
             ok = ok & _rows_finite(R)
         for u in c.insts:
@@ -55,7 +60,9 @@ def zero_rows(contribs: dict[int, LeafContribs], keep: jax.Array) -> None:
         return jnp.where(keep.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.zeros((), x.dtype))
 
     for c in contribs.values():
-        c.mats = [(z(L), z(R)) for L, R in c.mats]
+        c.mats = [(c.sources[i][1](z(c.sources[i][0])) if i in c.sources else z(L), z(R))
+                  for i, (L, R) in enumerate(c.mats)]
+        c.sources = {}
         c.lookups = [(ids, z(R)) for ids, R in c.lookups]
         c.insts = [z(u) for u in c.insts]
 
