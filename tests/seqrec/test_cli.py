@@ -37,3 +37,14 @@ def test_cli_seqrec_ml100k(tmp_path, datasets_dir, capsys):
     assert "total epsilon" in capsys.readouterr().out
     # invalid input: clean error, exit code 2
     assert cli.main(["seqrec", "--data", "ml-100k", "--data-path", str(tmp_path / "nope"), "--no-progress"]) == 2
+
+
+def test_baseline_warnings_name_every_baseline_the_model_does_not_beat():
+    from jdp.seqrec.cli import baseline_warnings
+    base = {"zero_cost": {"ndcg_at_10_test": 0.0}, "popularity": {"ndcg_at_10_test": 0.0114}}
+    warned = baseline_warnings({"ndcg_at_10_test": 0.0113}, base)     # a real case: DPFormer eps=8, 20 epochs
+    assert len(warned) == 1 and "popularity baseline" in warned[0] and "1.1400%" in warned[0]
+    assert baseline_warnings({"ndcg_at_10_test": 0.02}, base) == []
+    both = baseline_warnings({"ndcg_at_10_test": -1.0}, base)
+    assert [("zero-cost" in w, "popularity" in w) for w in both] == [(True, False), (False, True)]
+    assert baseline_warnings({}, base) == [] and baseline_warnings({"ndcg_at_10_test": 0.0}, {}) == []
