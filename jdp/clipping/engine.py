@@ -148,11 +148,17 @@ def _site_contribs(plan, leaves, records, tap_grads, contribs):
             T = pat.shape[1]
             gf = g.reshape(B, T, Q).astype(jnp.float32)
             contribs[kid].pq = (K * cg, Q)
-            if G == 1:
+            read = _taps.conv_read_mask(site.conv, x.shape)
+            if G == 1 and read is not None:
                 def patches(xz, conv=site.conv, T=T, P=K * cg):
                     return _taps.conv_patches(conv, xz).astype(jnp.float32).reshape(B, T, P)
-                contribs[kid].sources[len(contribs[kid].mats)] = (x, patches)
+                # the patches hold exactly the read inputs (and zeros): finiteness is checked there, dropped
+                # rows are zeroed in x (`norms.zero_rows`) and the patches built once from it
+                xs = x if site.conv.dtype is None else x.astype(site.conv.dtype)   # as the patches cast it
+                contribs[kid].sources[len(contribs[kid].mats)] = (jnp.where(read, xs, 0), patches)
                 contribs[kid].mats.append((patches(x), gf))
+            elif G == 1:
+                contribs[kid].mats.append((pat.reshape(B, T, K * cg), gf))
             else:  # block-diagonal over groups: instantiated ([K, C_in/G, G, C_out/G] = the kernel layout)
                 u = jnp.einsum("btkgc,btgq->bkcgq", pat, gf.reshape(B, T, G, Q // G))
                 contribs[kid].insts.append(u.reshape(B, -1))

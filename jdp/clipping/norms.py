@@ -30,8 +30,9 @@ class LeafContribs:
     mats: list = dataclasses.field(default_factory=list)      # (L [B,T,P], R [B,T,Q])
     lookups: list = dataclasses.field(default_factory=list)   # (ids [B,T] int, R [B,T,Q])
     insts: list = dataclasses.field(default_factory=list)     # U [B, size]
-    # mats[i] -> (x, build) where L = build(x) is a gather of x (conv im2col patches, K x larger than x): the
-    # finiteness check reads x and dropped rows are zeroed in x, then L rebuilt (no K x larger copy)
+    # mats[i] -> (x, build) where L = build(x) gathers every value of x and zeros (conv im2col patches of the
+    # read inputs, K x larger than x): the finiteness check reads x, dropped rows are zeroed in x and L is
+    # rebuilt from it (no K x larger masked copy)
     sources: dict = dataclasses.field(default_factory=dict)
 
 
@@ -44,8 +45,7 @@ def finite_rows(contribs: dict[int, LeafContribs]) -> jax.Array | bool:
     ok = True
     for c in contribs.values():
         for i, (L, R) in enumerate(c.mats):
-            # a source x holds every value its patches L hold (and possibly a few no output reads): checking
-            # x can only drop more examples, never keep one whose factor is not finite
+            # a source x holds exactly the values its patches L hold (besides zeros)
             ok = ok & _rows_finite(c.sources[i][0] if i in c.sources else L) & _rows_finite(R)
         for _, R in c.lookups:
             ok = ok & _rows_finite(R)

@@ -131,6 +131,32 @@ def conv_patches(conv: nn.Conv, x: jax.Array) -> jax.Array:
     return patches_by_layer(conv, x)
 
 
+def conv_read_mask(conv: nn.Conv, x_shape: tuple[int, ...]) -> np.ndarray | None:
+    """Boolean mask broadcastable to an input of `x_shape`: True at the input positions some output position
+    of `conv` reads (strides or a VALID crop can leave some unread). None where `conv_patches` is computed by
+    the layer itself (other padding modes, input dilation)."""
+    ks = (conv.kernel_size,) if isinstance(conv.kernel_size, int) else tuple(conv.kernel_size)
+    nd = len(ks)
+    padding = canonicalize_padding(conv.padding, nd)
+    if _tuple(conv.input_dilation, nd) != (1,) * nd or (
+            isinstance(padding, str) and padding not in ("SAME", "VALID", "SAME_LOWER")):
+        return None
+    strides, dil = _tuple(conv.strides, nd), _tuple(conv.kernel_dilation, nd)
+    lead, spatial = x_shape[:-(nd + 1)], x_shape[-(nd + 1):-1]
+    pads = (jax.lax.padtype_to_pads(spatial, [(k - 1) * d + 1 for k, d in zip(ks, dil)], strides, padding)
+            if isinstance(padding, str) else list(padding))
+    mask = np.ones((1,) * len(lead) + tuple(spatial) + (1,), bool)
+    for axis, (n, (lo, hi), k, d, s) in enumerate(zip(spatial, pads, ks, dil, strides)):
+        out = (n + lo + hi - (k - 1) * d - 1) // s + 1
+        pos = (np.arange(out)[:, None] * s + np.arange(k)[None, :] * d - lo).ravel()   # padded -> input index
+        read = np.zeros(n, bool)
+        read[pos[(pos >= 0) & (pos < n)]] = True
+        shape = [1] * mask.ndim
+        shape[len(lead) + axis] = n
+        mask = mask & read.reshape(shape)
+    return mask
+
+
 def patches_by_layer(conv: nn.Conv, x: jax.Array) -> jax.Array:
     """`conv_patches` computed by the layer itself (any padding mode): a one-hot depthwise clone."""
     ks = (conv.kernel_size,) if isinstance(conv.kernel_size, int) else tuple(conv.kernel_size)

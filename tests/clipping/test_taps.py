@@ -139,3 +139,19 @@ def test_sliced_conv_patches_equal_the_layers_own(kw):
     x = jax.random.normal(jax.random.PRNGKey(0), (2, 1, 9, 8, 3))
     conv = nn.Conv(4, (3, 2), **kw)
     np.testing.assert_array_equal(np.asarray(conv_patches(conv, x)), np.asarray(patches_by_layer(conv, x)))
+
+
+def test_conv_read_mask_is_where_the_patches_read_the_input():
+    """`conv_read_mask` marks exactly the input positions `conv_patches` gathers (the gradient of the
+    patches' sum is nonzero there), for strides, dilation, VALID / SAME / explicit padding, 1-D and 2-D."""
+    from jdp.clipping.taps import conv_patches, conv_read_mask
+    cases = [((3, 3), (2, 2), "VALID", 1), ((3, 3), (2, 2), "SAME", 1), ((2, 3), (3, 1), ((1, 0), (2, 2)), 1),
+             ((3, 3), (1, 1), "VALID", 2), ((4,), (3,), "VALID", 1), ((3,), (2,), "SAME_LOWER", 1)]
+    for ks, st, pad, dil in cases:
+        conv = nn.Conv(2, ks, strides=st, padding=pad, kernel_dilation=dil)
+        shape = (2,) + (9,) * len(ks) + (3,)
+        x = jnp.ones(shape)
+        reached = np.asarray(jax.grad(lambda x: jnp.sum(conv_patches(conv, x)))(x)) != 0
+        mask = conv_read_mask(conv, shape)
+        np.testing.assert_array_equal(np.broadcast_to(mask, shape), reached, err_msg=str((ks, st, pad, dil)))
+    assert conv_read_mask(nn.Conv(2, (3,), padding="CIRCULAR"), (2, 9, 3)) is None

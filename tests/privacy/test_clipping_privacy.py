@@ -357,3 +357,47 @@ def test_a_leaf_shared_with_an_untapped_layer_is_differentiated_at_every_use(met
         one = jc.clipped_grad(loss_fn, params, jax.tree.map(lambda v: v[b:b + 1], batch), l2_clip=clip, method=method)
         total = np.sqrt(sum(float(jnp.sum(jnp.asarray(g, jnp.float32) ** 2)) for g in jax.tree.leaves(one.grad_sum)))
         assert total <= clip * (1 + SENS_REL)
+
+
+# ---------------------------------------------------------------- item 9 for convolutions (lazy patches)
+class ConvNet(nn.Module):
+    """Strided VALID conv (leaves the last input row and column unread), then a SAME conv."""
+    @nn.compact
+    def __call__(self, x):
+        h = nn.relu(nn.Conv(4, (3, 3), strides=(2, 2), padding="VALID")(x))
+        h = nn.Conv(3, (2, 2), padding="SAME")(h)
+        return jnp.sum(h.mean((1, 2)) ** 2, -1)
+
+
+@pytest.mark.parametrize("method", ["auto", "ghost", "vmap"])
+def test_conv_examples_with_nonfinite_inputs_are_dropped_exactly_where_the_layer_reads_them(method):
+    """Convolutions check finiteness on the layer input and zero dropped examples there (the im2col patches
+    are rebuilt from it): a NaN a conv reads drops the example (counted, contributes nothing, grad_sum equals
+    the run without it); in a masked-out row it changes nothing; a NaN in an input position no output reads
+    (strided VALID crop) leaves the example's gradient finite, so it is kept, as by the vmap reference."""
+    model = ConvNet()
+    x = jax.random.normal(jax.random.key(0), (6, 8, 8, 2))
+    params = model.init(jax.random.key(1), x[:1])
+
+    def loss_fn(p, b):
+        return model.apply(p, b)
+
+    def run(xb, mask):
+        r = jax.jit(lambda p, b, m: jc.clipped_grad(loss_fn, p, b, l2_clip=0.5, mask=m, method=method))(
+            params, xb, mask)
+        return _flat(r.grad_sum), int(r.num_nonfinite), np.asarray(r.clip_factors)
+
+    all6, no2 = jnp.ones(6, bool), jnp.arange(6) != 2
+    clean = run(x, all6)
+    read = x.at[2, 3, 3, 0].set(jnp.nan)                   # read by the first conv
+    g, bad, fac = run(read, all6)
+    assert bad == 1 and fac[2] == 0.0
+    np.testing.assert_allclose(g, run(read, no2)[0], rtol=1e-5, atol=1e-6)
+    assert np.all(np.isfinite(g))
+    g, bad, _ = run(read, no2)                              # masked out: as with a clean row
+    assert bad == 0
+    np.testing.assert_allclose(g, run(x, no2)[0], rtol=1e-5, atol=1e-6)
+    unread = x.at[2, 7, 7, :].set(jnp.nan)                  # row/column 7: no 3x3 stride-2 VALID window reads it
+    g, bad, fac = run(unread, all6)
+    assert bad == 0 and fac[2] > 0
+    np.testing.assert_allclose(g, clean[0], rtol=1e-5, atol=1e-6)
