@@ -156,8 +156,7 @@ def _site_contribs(plan, leaves, records, tap_grads, contribs):
                 # rows are zeroed in x (`norms.zero_rows`) and the patches built once from it
                 xs = x if site.conv.dtype is None else x.astype(site.conv.dtype)   # as the patches cast it
                 contribs[kid].sources[len(contribs[kid].mats)] = (jnp.where(read, xs, 0), patches)
-                contribs[kid].mats.append((patches(x), gf))
-            elif G == 1:
+            if G == 1:
                 contribs[kid].mats.append((pat.reshape(B, T, K * cg), gf))
             else:  # block-diagonal over groups: instantiated ([K, C_in/G, G, C_out/G] = the kernel layout)
                 u = jnp.einsum("btkgc,btgq->bkcgq", pat, gf.reshape(B, T, G, Q // G))

@@ -26,7 +26,7 @@ import functools
 import math
 import threading
 import warnings
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import flax.linen as nn
 from flax import nnx
@@ -100,6 +100,31 @@ def _tuple(v, n: int) -> tuple[int, ...]:
     return (1,) * n if v is None else ((v,) * n if isinstance(v, int) else tuple(v))
 
 
+class _ConvGeometry(NamedTuple):
+    ks: tuple[int, ...]          # kernel spatial size
+    strides: tuple[int, ...]
+    dil: tuple[int, ...]         # kernel dilation
+    pads: list                   # (lo, hi) per spatial axis, as `lax.conv_general_dilated` pads
+    out: list[int]               # output positions per spatial axis
+
+
+def _strided_geometry(conv: nn.Conv, x_shape: tuple[int, ...]) -> _ConvGeometry | None:
+    """Where `conv` reads its input, for SAME / VALID / explicit padding without input dilation (its patches
+    are strided slices of the zero-padded input); None for every other case."""
+    ks = (conv.kernel_size,) if isinstance(conv.kernel_size, int) else tuple(conv.kernel_size)
+    nd = len(ks)
+    padding = canonicalize_padding(conv.padding, nd)
+    if _tuple(conv.input_dilation, nd) != (1,) * nd or (
+            isinstance(padding, str) and padding not in ("SAME", "VALID", "SAME_LOWER")):
+        return None
+    strides, dil = _tuple(conv.strides, nd), _tuple(conv.kernel_dilation, nd)
+    spatial = x_shape[-(nd + 1):-1]
+    pads = (jax.lax.padtype_to_pads(spatial, [(k - 1) * d + 1 for k, d in zip(ks, dil)], strides, padding)
+            if isinstance(padding, str) else [tuple(p) for p in padding])
+    out = [(n + lo + hi - (k - 1) * d - 1) // s + 1 for n, (lo, hi), k, d, s in zip(spatial, pads, ks, dil, strides)]
+    return _ConvGeometry(ks, strides, dil, pads, out)
+
+
 def conv_patches(conv: nn.Conv, x: jax.Array) -> jax.Array:
     """Input patches that each output position of `conv` reads: [..., out positions..., K*C_in], with
     the K*C_in features in the kernel's own (kernel spatial..., C_in) order (im2col).
@@ -108,51 +133,39 @@ def conv_patches(conv: nn.Conv, x: jax.Array) -> jax.Array:
     from `lax.padtype_to_pads`, as `lax.conv_general_dilated` computes them). Every other case (CIRCULAR,
     REFLECT, CAUSAL, input dilation) is computed by the layer itself — a clone with a one-hot depthwise
     kernel, exact at HIGHEST precision — so its padding semantics are the layer's own."""
-    ks = (conv.kernel_size,) if isinstance(conv.kernel_size, int) else tuple(conv.kernel_size)
-    K, cin, nd = math.prod(ks), x.shape[-1], len(ks)
-    padding = canonicalize_padding(conv.padding, nd)
-    if _tuple(conv.input_dilation, nd) == (1,) * nd and not (
-            isinstance(padding, str) and padding not in ("SAME", "VALID", "SAME_LOWER")):
-        strides, dil = _tuple(conv.strides, nd), _tuple(conv.kernel_dilation, nd)
-        lead, spatial = x.shape[:-(nd + 1)], x.shape[-(nd + 1):-1]
-        xs = x.reshape((-1,) + x.shape[-(nd + 1):])
-        if conv.dtype is not None:      # the layer computes in its dtype (as promote_dtype casts)
-            xs = xs.astype(conv.dtype)
-        pads = (jax.lax.padtype_to_pads(spatial, [(k - 1) * d + 1 for k, d in zip(ks, dil)], strides, padding)
-                if isinstance(padding, str) else list(padding))
-        xs = jnp.pad(xs, [(0, 0)] + [tuple(p) for p in pads] + [(0, 0)])
-        out = [(n + lo + hi - (k - 1) * d - 1) // s + 1
-               for n, (lo, hi), k, d, s in zip(spatial, pads, ks, dil, strides)]
-        cols = []
-        for offset in np.ndindex(*ks):       # row-major over the kernel, as the kernel is laid out
-            idx = tuple(slice(o * d, o * d + (m - 1) * s + 1, s) for o, d, m, s in zip(offset, dil, out, strides))
-            cols.append(xs[(slice(None),) + idx + (slice(None),)])
-        return jnp.concatenate(cols, axis=-1).reshape(lead + tuple(out) + (K * cin,))
-    return patches_by_layer(conv, x)
+    geo = _strided_geometry(conv, x.shape)
+    if geo is None:
+        return patches_by_layer(conv, x)
+    nd, cin = len(geo.ks), x.shape[-1]
+    lead = x.shape[:-(nd + 1)]
+    xs = x.reshape((-1,) + x.shape[-(nd + 1):])
+    if conv.dtype is not None:      # the layer computes in its dtype (as promote_dtype casts)
+        xs = xs.astype(conv.dtype)
+    xs = jnp.pad(xs, [(0, 0)] + [tuple(p) for p in geo.pads] + [(0, 0)])
+    cols = []
+    for offset in np.ndindex(*geo.ks):       # row-major over the kernel, as the kernel is laid out
+        idx = tuple(slice(o * d, o * d + (m - 1) * s + 1, s)
+                    for o, d, m, s in zip(offset, geo.dil, geo.out, geo.strides))
+        cols.append(xs[(slice(None),) + idx + (slice(None),)])
+    return jnp.concatenate(cols, axis=-1).reshape(lead + tuple(geo.out) + (math.prod(geo.ks) * cin,))
 
 
 def conv_read_mask(conv: nn.Conv, x_shape: tuple[int, ...]) -> np.ndarray | None:
     """Boolean mask broadcastable to an input of `x_shape`: True at the input positions some output position
     of `conv` reads (strides or a VALID crop can leave some unread). None where `conv_patches` is computed by
     the layer itself (other padding modes, input dilation)."""
-    ks = (conv.kernel_size,) if isinstance(conv.kernel_size, int) else tuple(conv.kernel_size)
-    nd = len(ks)
-    padding = canonicalize_padding(conv.padding, nd)
-    if _tuple(conv.input_dilation, nd) != (1,) * nd or (
-            isinstance(padding, str) and padding not in ("SAME", "VALID", "SAME_LOWER")):
+    geo = _strided_geometry(conv, x_shape)
+    if geo is None:
         return None
-    strides, dil = _tuple(conv.strides, nd), _tuple(conv.kernel_dilation, nd)
-    lead, spatial = x_shape[:-(nd + 1)], x_shape[-(nd + 1):-1]
-    pads = (jax.lax.padtype_to_pads(spatial, [(k - 1) * d + 1 for k, d in zip(ks, dil)], strides, padding)
-            if isinstance(padding, str) else list(padding))
-    mask = np.ones((1,) * len(lead) + tuple(spatial) + (1,), bool)
-    for axis, (n, (lo, hi), k, d, s) in enumerate(zip(spatial, pads, ks, dil, strides)):
-        out = (n + lo + hi - (k - 1) * d - 1) // s + 1
-        pos = (np.arange(out)[:, None] * s + np.arange(k)[None, :] * d - lo).ravel()   # padded -> input index
+    nd = len(geo.ks)
+    n_lead, spatial = len(x_shape) - nd - 1, x_shape[-(nd + 1):-1]
+    mask = np.ones((1,) * n_lead + tuple(spatial) + (1,), bool)
+    for axis, (n, (lo, _), k, d, s, m) in enumerate(zip(spatial, geo.pads, geo.ks, geo.dil, geo.strides, geo.out)):
+        pos = (np.arange(m)[:, None] * s + np.arange(k)[None, :] * d - lo).ravel()   # padded -> input index
         read = np.zeros(n, bool)
         read[pos[(pos >= 0) & (pos < n)]] = True
         shape = [1] * mask.ndim
-        shape[len(lead) + axis] = n
+        shape[n_lead + axis] = n
         mask = mask & read.reshape(shape)
     return mask
 

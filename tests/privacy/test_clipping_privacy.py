@@ -382,9 +382,10 @@ def test_conv_examples_with_nonfinite_inputs_are_dropped_exactly_where_the_layer
     def loss_fn(p, b):
         return model.apply(p, b)
 
+    step = jax.jit(lambda p, b, m: jc.clipped_grad(loss_fn, p, b, l2_clip=0.5, mask=m, method=method))
+
     def run(xb, mask):
-        r = jax.jit(lambda p, b, m: jc.clipped_grad(loss_fn, p, b, l2_clip=0.5, mask=m, method=method))(
-            params, xb, mask)
+        r = step(params, xb, mask)
         return _flat(r.grad_sum), int(r.num_nonfinite), np.asarray(r.clip_factors)
 
     all6, no2 = jnp.ones(6, bool), jnp.arange(6) != 2
