@@ -92,6 +92,9 @@ def register(subparsers) -> None:
     p.add_argument("--max-steps", type=int, default=None,
                    help="stop after this many steps of this call (resume later; the report covers the planned run)")
     add_seed_arguments(p)
+    p.add_argument("--time-limit", type=float, default=None,
+                   help="stop after the step that ends this many seconds into training (like --max-steps; "
+                        "the results record the epochs actually run)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--out", default=None, help="JSON output file")
     p.add_argument("--plot", default=None, help="PNG: training loss and validation NDCG per epoch")
@@ -172,7 +175,8 @@ def run(args: argparse.Namespace) -> int:
     if args.checkpoint and pathlib.Path(args.checkpoint).exists() and not args.resume:
         raise ValueError(f"{args.checkpoint} exists: pass --resume to continue it, or remove it")
     res = train(d, cfg, k_train, public_item_counts=public, checkpoint=args.checkpoint,
-                progress=not args.no_progress, max_steps=args.max_steps)
+                progress=not args.no_progress, max_steps=args.max_steps,
+                max_seconds=args.time_limit)
     out = {
         "data": args.data, **({"data_seed": args.data_seed} if args.data == "synthetic" else {}), "model": args.model, "epsilon": cfg.epsilon, "delta": cfg.delta, "seed": seed,
         "device": jax.devices()[0].device_kind, "n_users": d.n_users, "n_items": d.n_items, "maxlen": d.maxlen,

@@ -274,7 +274,8 @@ def step_batches(data: SeqData, idx: np.ndarray, windows: np.ndarray, rows: int,
 
 def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: np.ndarray | None = None,
           checkpoint: str | pathlib.Path | None = None, checkpoint_every: int | None = None,
-          progress: bool = True, evaluate_test: bool = True, max_steps: int | None = None) -> TrainResult:
+          progress: bool = True, evaluate_test: bool = True, max_steps: int | None = None,
+          max_seconds: float | None = None) -> TrainResult:
     """Trains cfg.model with DP-SGD at (cfg.epsilon, cfg.delta) and evaluates on valid/test.
 
     Unit: user (one sequence); relation: add/remove one user. public_item_counts: caller-DECLARED
@@ -284,8 +285,12 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     and resumed from when it exists (same data, config and key: the run continues as if never stopped).
     `max_steps`: stop after this many steps of this call (the report still covers the whole planned
     run, whose noise was calibrated for all `steps`); resume later from the checkpoint.
+    `max_seconds`: stop after the first step that ends this many seconds after the call began (same
+    meaning as `max_steps`: a checkpoint is written, the model is evaluated where it stopped).
     """
     cfg.validate()
+    if max_seconds is not None:
+        check_positive(max_seconds, "max_seconds")
     t_start = time.perf_counter()
     L, M = data.maxlen, data.n_items
     N, q, steps = sampling_plan(data, cfg)
@@ -397,9 +402,13 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
             history.append(entry)
             if progress:
                 it.write("  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in entry.items()))
-        if ckpt is not None and (done % checkpoint_every == 0 or done == stop):
+        out_of_time = max_seconds is not None and time.perf_counter() - t_start >= max_seconds
+        if ckpt is not None and (done % checkpoint_every == 0 or done == stop or out_of_time):
             ckpt.write_bytes(flax.serialization.to_bytes(state))
             ckpt.with_name(ckpt.name + ".history.json").write_text(json.dumps(history))
+        if out_of_time:
+            stop = done
+            break
     params, steps_done = state.params, int(state.step)
 
     t0 = time.perf_counter()
@@ -416,7 +425,8 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     t_eval = time.perf_counter() - t0
     timings = {"train_s": t_train, "eval_s": t_eval, "total_s": time.perf_counter() - t_start,
                "steps_run": stop - start, "steps_done": steps_done, "epochs_done": steps_done * cfg.batch_size / N,
-               "s_per_step": t_train / max(1, stop - start), "step_s": step_s, "step_new_shapes": step_new_shapes}
+               "s_per_step": t_train / max(1, stop - start), "step_s": step_s, "step_new_shapes": step_new_shapes,
+               "complete": steps_done == steps}
     return TrainResult(params, metrics, report, float(sigma), steps, history, timings, reatt, counts_rel, baselines)
 
 

@@ -16,12 +16,13 @@ def test_cli_seqrec_ml100k(tmp_path, datasets_dir, capsys):
             "--maxlen", "16", "--d", "8", "--blocks", "1", "--chunk-rows", "4096", "--length-buckets", "8",
             "--no-progress", "--out", str(out), "--checkpoint", str(ck), "--seed", "3", "--eval-every", "0.125",
             "--plot", str(tmp_path / "curve.png")]
-    assert cli.main(args + ["--max-steps", "1"]) == 0  # stopped after one of the two steps
-    assert json.loads(out.read_text())["timings"]["steps_done"] == 1
+    assert cli.main(args + ["--time-limit", "1e-9"]) == 0  # out of time after the first of the two steps
+    first = json.loads(out.read_text())["timings"]
+    assert first["steps_done"] == 1 and first["complete"] is False
     assert cli.main(args) == 2  # an existing checkpoint is never silently overwritten or resumed
     assert cli.main(args + ["--resume"]) == 0
     res = json.loads(out.read_text())
-    assert res["timings"]["steps_run"] == 1 and res["timings"]["steps_done"] == 2
+    assert res["timings"]["steps_run"] == 1 and res["timings"]["steps_done"] == 2 and res["timings"]["complete"]
     assert res["history"][-1]["step"] == 2
     assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # validation every 1/8 epoch = every step (8 steps per epoch): step 1's entry survived the resume

@@ -128,6 +128,14 @@ def test_private_dpformer_report_histogram_checkpoint(tmp_path):
     assert not any("test" in k for m in r2.baselines.values() for k in m)  # evaluate_test=False: test untouched
     for a, b in zip(jax.tree_util.tree_leaves(r.params), jax.tree_util.tree_leaves(r2.params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # stopped after one step, then resumed: the same run as the uninterrupted one
+    ck1 = tmp_path / "ck1.msgpack"
+    r1 = train.train(d, cfg, jax.random.key(0), checkpoint=ck1, progress=False, evaluate_test=False, max_steps=1)
+    assert r1.timings["steps_done"] == 1 and not r1.timings["complete"]
+    r3 = train.train(d, cfg, jax.random.key(0), checkpoint=ck1, progress=False, evaluate_test=False)
+    assert r3.timings["steps_run"] == 2 and r3.timings["complete"]
+    for a, b in zip(jax.tree_util.tree_leaves(r.params), jax.tree_util.tree_leaves(r3.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
     # caller-declared public counts: no histogram release, the whole budget goes to DP-SGD
     pub = np.arange(d.n_items + 1, dtype=float)
     rep3, sigma3, counts3 = train.privacy_setup(d, cfg, jax.random.key(0), public_item_counts=pub)
