@@ -419,6 +419,12 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
         mt = evaluate(model, params, data.test_input, data.test_target, chunk=cfg.eval_chunk, rank_fn=rank_fn,
                       length_buckets=cfg.length_buckets)
         metrics.update({"ndcg_at_10_test": mt["ndcg"], "hit_at_10_test": mt["hit"], "n_test_users": mt["n_users"]})
+        # the other protocol too (papers differ on it): history items removed from / kept in the ranking
+        other = "history_unmasked" if cfg.mask_history else "history_masked"
+        mo = evaluate(model, params, data.test_input, data.test_target, chunk=cfg.eval_chunk,
+                      rank_fn=make_rank_fn_reatt(model, not cfg.mask_history, reatt),
+                      length_buckets=cfg.length_buckets)
+        metrics.update({f"ndcg_at_10_test_{other}": mo["ndcg"], f"hit_at_10_test_{other}": mo["hit"]})
     # zero cost (each user's own history) and, from public or already released counts, popularity
     popular = public_item_counts if public_item_counts is not None else counts_rel if private else None
     baselines = baseline_metrics(data, popular, splits=("valid", "test") if evaluate_test else ("valid",))

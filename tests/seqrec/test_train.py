@@ -116,6 +116,9 @@ def test_private_dpformer_report_histogram_checkpoint(tmp_path):
     for k in ("ndcg_at_10_test", "hit_at_10_test", "ndcg_at_10_valid", "hit_at_10_valid"):
         assert 0.0 <= r.metrics[k] <= 1.0
     assert r.metrics["ndcg_at_10_test"] <= r.metrics["hit_at_10_test"]
+    # the other evaluation protocol beside it: removing history items can only lift the target's rank
+    assert r.metrics["ndcg_at_10_test_history_masked"] >= r.metrics["ndcg_at_10_test"]
+    assert r.metrics["hit_at_10_test_history_masked"] >= r.metrics["hit_at_10_test"]
     d_json = r.privacy.to_dict()
     assert d_json["releases"][0]["name"] == "item frequency histogram"
     # baselines beside the model: zero cost (own history) and popularity from the RELEASED counts
