@@ -69,10 +69,6 @@ def register(subparsers) -> None:
     p.add_argument("--vocab-noise-multiplier", type=float, default=10.0,
                    help="private vocabulary histogram noise / sqrt(maxlen+2)")
     p.add_argument("--mask-history", action="store_true", help="remove history items from the ranking")
-    p.add_argument("--popularity-prior", action="store_true",
-                   help="add log(item count + 1) to every logit, from DPFormer's released histogram (other models "
-                        "release the same histogram, inside epsilon) or --public-item-counts: the model starts "
-                        "at the popularity ranking and learns on top of it")
     p.add_argument("--clipping", default="auto", choices=list(CLIPPING_METHODS),
                    help="jdp.clipping method (vmap: the exact per-example reference, B x params memory)")
     p.add_argument("--chunk-rows", type=int, default=None,
@@ -170,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
                       eval_every_epochs=args.eval_every, mask_history=args.mask_history,
                       length_buckets=tuple(int(b) for b in buckets.split(",") if b.strip()),
                       n_users_public=args.n_users, negatives=args.negatives,
-                      negative_sampler=args.negative_sampler, popularity_prior=args.popularity_prior)
+                      negative_sampler=args.negative_sampler)
     public = None
     if args.public_item_counts:
         public = np.load(args.public_item_counts)

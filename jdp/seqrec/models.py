@@ -105,24 +105,17 @@ class SeqRecModel(nn.Module):
 
 
 def _output(model: SeqRecModel, h: jax.Array, embed: nn.Embed, targets: jax.Array | None = None,
-            negatives: jax.Array | None = None, aux: dict | None = None) -> jax.Array:
+            negatives: jax.Array | None = None) -> jax.Array:
     """Full-catalogue logits [B, L, M+1] with the padding column set to NEG; or, with `negatives` [B, K]
     (sampled softmax), the logits of [target, negative_1..K] at every position [B, L, 1+K] through two
-    lookups of the tied table (call inside a compact method). `aux["log_prior"]` [M+1], when given, is a
-    fixed (not trained) per-item offset added to every logit: the popularity prior."""
-    prior = None if aux is None else aux.get("log_prior")
+    lookups of the tied table (call inside a compact method)."""
     if negatives is None:
         logits = embed.attend(h) if model.tied else nn.Dense(model.n_items + 1, name="output")(h)
-        if prior is not None:
-            logits = logits + jnp.asarray(prior, logits.dtype)
         return logits.at[..., 0].set(NEG)
     if not model.tied:
         raise ValueError("sampled softmax needs the tied output embedding (model 'transformer-untied' has none)")
     pos = jnp.sum(h * embed(targets), axis=-1, keepdims=True)
     neg = jnp.einsum("bld,bkd->blk", h, embed(negatives))
-    if prior is not None:
-        prior = jnp.asarray(prior, pos.dtype)
-        pos, neg = pos + prior[targets][..., None], neg + prior[negatives][:, None, :]
     return jnp.concatenate([pos, neg], axis=-1)
 
 
@@ -147,7 +140,7 @@ class TransformerRec(SeqRecModel):
         scale = math.sqrt(self.d)
         # positions counted from the right end (left padding): a shorter window gives the same outputs
         x = (embed(seq) * scale + pos(jnp.arange(L) + (self.maxlen - L))[None]) * valid[..., None]
-        track = self.reattention and reatt is not None and "w_var" in reatt
+        track = self.reattention and reatt is not None
         var_x, w_var = None, 0.0
         if track:
             w_var = jnp.asarray(reatt["w_var"], jnp.float32)
@@ -160,7 +153,7 @@ class TransformerRec(SeqRecModel):
         h = nn.LayerNorm(epsilon=1e-6, name="ln_f")(x)
         if last_only:
             h = h[:, -1:]
-        return _output(self, h, embed, targets, negatives, reatt)
+        return _output(self, h, embed, targets, negatives)
 
 
 class RNNRec(SeqRecModel):
@@ -181,7 +174,7 @@ class RNNRec(SeqRecModel):
         h = nn.Dropout(self.dropout)(h, deterministic=deterministic)
         if last_only:
             h = h[:, -1:]
-        return _output(self, h, embed, targets, negatives, reatt)
+        return _output(self, h, embed, targets, negatives)
 
 
 MODELS = ("dpformer", "transformer", "transformer-untied", "gru", "lstm")

@@ -82,7 +82,6 @@ class TrainConfig:
     n_users_public: int | None = None  # declared public bound on the users: sets q = B/N and the steps
     negatives: int = 0                # 0 = full softmax (the paper); K > 0 = sampled softmax, K items per step
     negative_sampler: str = "uniform"  # "uniform" or "popularity" (public or released counts, see train)
-    popularity_prior: bool = False    # add log(item count + 1) of released / public counts to every logit
 
     def validate(self) -> None:
         if self.epsilon is not None:
@@ -147,9 +146,7 @@ def privacy_setup(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_c
     """(report, noise multiplier σ, item counts for Re-Attention) for a run of cfg; (None, 0, None)
     when non-private. DPFormer: caller-declared public counts, else a Gaussian histogram release. The
     data's vocabulary release (vocabulary='private') is composed into the same report and σ is
-    calibrated for the total; its assumptions (public / exact vocabulary) are stated in the report.
-    The same counts serve `popularity_prior` (any model): a model without Re-Attention that asks for the
-    prior releases the same histogram."""
+    calibrated for the total; its assumptions (public / exact vocabulary) are stated in the report."""
     cfg.validate()
     if cfg.epsilon is None:
         return None, 0.0, None
@@ -165,13 +162,12 @@ def privacy_setup(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_c
     for text in data.vocab_assumptions:
         report.assume(text)
     counts_rel = None
-    if cfg.model == "dpformer" or cfg.popularity_prior:
+    if cfg.model == "dpformer":
         if public_item_counts is not None:
             counts_rel = np.asarray(public_item_counts, np.float64)
             if counts_rel.shape != (M + 1,) or not np.isfinite(counts_rel).all():
                 raise ValueError(f"public_item_counts must be a finite array of shape ({M + 1},)")
-            report.assume("item counts (public_item_counts) for Re-Attention / the popularity prior declared "
-                          "public by the caller")
+            report.assume("Re-Attention item counts (public_item_counts) declared public by the caller")
         else:
             counts_rel = ra.private_item_counts(key, item_presence(data.train_input, data.train_target, M),
                                                 L + 1, cfg.hist_noise_multiplier, report)
@@ -181,15 +177,6 @@ def privacy_setup(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_c
     report.add("DP-SGD step (Poisson-sampled Gaussian)", dp_sgd_event(sigma, q, 1),
                sensitivity=cfg.l2_clip, noise_scale=sigma * cfg.l2_clip, count=steps)
     return report, float(sigma), counts_rel
-
-
-def popularity_log_prior(counts: np.ndarray) -> np.ndarray:
-    """log(max(count, 0) + 1) per item, centred (padding entry 0 is ignored by the logits): the ranking
-    of the popularity baseline, as a fixed logit offset the model learns its residual on top of."""
-    prior = np.log1p(np.maximum(np.asarray(counts, np.float64), 0.0))
-    prior[1:] -= prior[1:].mean()
-    prior[0] = 0.0
-    return prior
 
 
 def check_negatives(cfg: TrainConfig, n_items: int, counts_available: bool) -> None:
@@ -308,33 +295,25 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     L, M = data.maxlen, data.n_items
     N, q, steps = sampling_plan(data, cfg)
     private = cfg.epsilon is not None
-    needs_counts = cfg.model == "dpformer" or cfg.popularity_prior
-    if public_item_counts is not None and needs_counts:  # validate before any work
+    if public_item_counts is not None and cfg.model == "dpformer":  # validate before any work
         if np.shape(public_item_counts) != (M + 1,):
             raise ValueError(f"public_item_counts must be a finite array of shape ({M + 1},)")
     if cfg.negatives:  # fail before any work (the accounting below takes seconds)
-        check_negatives(cfg, M, needs_counts or public_item_counts is not None)
+        check_negatives(cfg, M, cfg.model == "dpformer" or public_item_counts is not None)
     model = make_model(cfg.model, M, L, cfg.d, cfg.heads, cfg.blocks, cfg.dropout, cfg.activation)
     k_init, k_hist, k_train = jax.random.split(key, 3)
 
     report, sigma, counts_rel = privacy_setup(data, cfg, k_hist, public_item_counts)
-    reatt = {}  # the step's inputs that are not trained: Re-Attention variances, popularity prior
+    reatt = None
     if cfg.model == "dpformer":
-        counts_ra = counts_rel
-        if counts_ra is None:  # non-private reference: zero noise -> Re-Attention is the identity
-            counts_ra = public_item_counts if public_item_counts is not None else np.ones(M + 1)
-        w_var, emb_var = ra.effective_variances(sigma, cfg.l2_clip, cfg.batch_size, q, counts_ra, cfg.error_scale)
-        reatt.update(w_var=jnp.float32(w_var), emb_var=jnp.asarray(emb_var))
-    if cfg.popularity_prior:
-        counts_prior = counts_rel if private else (  # NON-PRIVATE reference: the exact counts
-            public_item_counts if public_item_counts is not None
-            else item_presence(data.train_input, data.train_target, M))
-        reatt["log_prior"] = jnp.asarray(popularity_log_prior(counts_prior), jnp.float32)
-    reatt = reatt or None
+        if counts_rel is None:  # non-private reference: zero noise -> Re-Attention is the identity
+            counts_rel = np.ones(M + 1)
+        w_var, emb_var = ra.effective_variances(sigma, cfg.l2_clip, cfg.batch_size, q, counts_rel, cfg.error_scale)
+        reatt = {"w_var": jnp.float32(w_var), "emb_var": jnp.asarray(emb_var)}
 
     neg_probs = log_q = None
     if cfg.negatives:
-        neg_probs = negative_probs(data, cfg, counts_rel if needs_counts else public_item_counts,
+        neg_probs = negative_probs(data, cfg, counts_rel if cfg.model == "dpformer" else public_item_counts,
                                    public_item_counts is not None, report)
         if neg_probs is not None:
             log_q = jnp.log(jnp.asarray(np.concatenate([[1.0], neg_probs]), jnp.float32))
@@ -484,5 +463,4 @@ def _nonprivate_step(loss_fn, opt, params, batch_size: float):
 
 
 __all__ = ["DEFAULT_WINDOWS", "NEGATIVE_SAMPLERS", "TrainConfig", "TrainResult", "check_negatives", "dp_sgd_event",
-           "length_chunks", "lr_schedule", "negative_probs", "popularity_log_prior", "privacy_setup",
-           "sample_negatives", "step_batches", "train"]
+           "length_chunks", "lr_schedule", "negative_probs", "privacy_setup", "sample_negatives", "step_batches", "train"]

@@ -254,29 +254,3 @@ def test_baseline_ranks_equal_brute_force_rankings():
     toy = _toy()
     got = baseline_metrics(toy)
     assert set(got) == {"zero_cost"} and 0.0 <= got["zero_cost"]["ndcg_at_10_test"] <= got["zero_cost"]["hit_at_10_test"] <= 1
-
-
-def test_popularity_prior_is_released_accounted_and_added_to_every_logit():
-    d = _toy()
-    cfg = train.TrainConfig(model="transformer", epsilon=4.0, epochs=1.0, batch_size=16, chunk_rows=256, d=8,
-                            blocks=1, dropout=0.1, lr=1e-2, eval_chunk=32, length_buckets=(), popularity_prior=True)
-    r = train.train(d, cfg, jax.random.key(0), progress=False, evaluate_test=False)
-    # a model without Re-Attention that asks for the prior releases the histogram inside the same epsilon
-    assert [rel.name for rel in r.privacy.releases][0] == "item frequency histogram"
-    assert r.privacy.epsilon() == pytest.approx(4.0, abs=1e-3)
-    exact = data.item_presence(d.train_input, d.train_target, d.n_items)
-    assert np.abs(r.item_counts_released - exact).max() > 1.0  # the prior comes from the noisy release
-    prior = train.popularity_log_prior(r.item_counts_released)
-    np.testing.assert_allclose(np.asarray(r.reatt["log_prior"]), prior, rtol=1e-6, atol=1e-6)
-    assert "popularity" in r.baselines
-    # with a zero item table every score is the prior: the model starts from the popularity ranking
-    model = models.make_model("transformer", d.n_items, d.maxlen, 8, 1, 1, 0.1)
-    params = jax.tree_util.tree_map(jnp.zeros_like, r.params)
-    logits = model.apply(params, jnp.asarray(d.test_input[:3]), reatt=r.reatt, last_only=True)[:, -1]
-    np.testing.assert_allclose(np.asarray(logits[:, 1:]), np.broadcast_to(prior[1:], (3, d.n_items)), atol=1e-6)
-    # sampled softmax: the same offsets on the target and negative logits
-    neg = jnp.array([[1, 2, 3]] * 3)
-    tgt = jnp.asarray(d.test_input[:3])
-    s = model.apply(params, jnp.asarray(d.test_input[:3]), reatt=r.reatt, targets=tgt, negatives=neg)
-    np.testing.assert_allclose(np.asarray(s[..., 0]), prior[np.asarray(tgt)], atol=1e-6)
-    np.testing.assert_allclose(np.asarray(s[0, 0, 1:]), prior[1:4], atol=1e-6)
