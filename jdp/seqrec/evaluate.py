@@ -34,7 +34,9 @@ def evaluate(model: Any, params: Any, inputs: np.ndarray, targets: np.ndarray, k
     """{"ndcg": ..., "hit": ..., "n_users": ...} over users with a target; scored in user chunks.
 
     reatt: Re-Attention variances for DPFormer (the correction is part of the model).
-    length_buckets: shorter windows for users with short histories (same scores, less compute)."""
+    length_buckets: shorter windows for users with short histories (same scores, less compute). Every
+    call is padded to `chunk` users or, for a smaller bucket, to the next power of two, so evaluations of
+    different user sets (validation, test) reuse the same few compiled shapes."""
     inputs, targets = np.asarray(inputs), np.asarray(targets)
     if inputs.ndim != 2 or targets.shape != (inputs.shape[0],):
         raise ValueError("inputs must be [U, L] and targets [U]")
@@ -54,7 +56,7 @@ def evaluate(model: Any, params: Any, inputs: np.ndarray, targets: np.ndarray, k
         n = users.size
         for s in range(0, n, chunk):
             idx = users[s:s + chunk]
-            pad = chunk - idx.size if n > chunk else 0  # static shapes: pad the last chunk
+            pad = min(chunk, 1 << (idx.size - 1).bit_length()) - idx.size  # few static shapes
             idx_p = np.concatenate([idx, np.repeat(idx[:1], pad)]) if pad else idx
             r = np.asarray(rank_fn(params, jnp.asarray(inputs[idx_p, L - Lb:]), jnp.asarray(targets[idx_p])))
             out.append(r[:idx.size])

@@ -138,3 +138,24 @@ def test_full_ranking_excludes_padding_and_optionally_history():
     assert r3["hit"] == pytest.approx(1 / 3)
     with pytest.raises(ValueError, match="no users"):
         evaluate(model, None, inputs, np.zeros(4, int), k=2)
+
+
+def test_evaluation_pads_to_few_shapes_without_changing_the_metrics():
+    from jdp.seqrec.evaluate import make_rank_fn_reatt
+    rng = np.random.default_rng(0)
+    table = rng.normal(size=(7, 7))
+    model = _FixedScores(table)
+    rank_fn = make_rank_fn_reatt(model)
+    inputs = rng.integers(1, 7, (300, 5))
+    inputs[:120, :3] = 0  # short histories: their own length bucket
+    first = evaluate(model, None, inputs[:250], rng.integers(1, 7, 250), chunk=64, rank_fn=rank_fn,
+                     length_buckets=(2,))
+    targets = rng.integers(1, 7, 300)
+    other = evaluate(model, None, inputs[50:], targets[50:], chunk=64, rank_fn=rank_fn, length_buckets=(2,))
+    # calls are padded to the chunk or a power of two: per window at most log2(64) + 1 sizes, whatever the users
+    assert rank_fn.func._cache_size() <= 2 * 7
+    # the padding never enters the metric: brute force over the same users
+    ranks = [np.sum(np.delete(table[row[-1]], 0) >= table[row[-1]][t]) - 1 for row, t in zip(inputs[50:], targets[50:])]
+    ranks = np.asarray(ranks)
+    assert other["hit"] == pytest.approx(np.mean(ranks < 10)) and 0 < first["hit"] <= 1
+    assert other["ndcg"] == pytest.approx(np.mean((ranks < 10) / np.log2(ranks + 2)))
