@@ -119,7 +119,7 @@ def lookup_rows(ids: jax.Array, num_embeddings: int) -> jax.Array:
     return jnp.where((rows >= 0) & (rows < num_embeddings), rows, -1)
 
 
-def _site_contribs(plan, leaves, records, tap_grads, contribs):
+def _site_contribs(plan, leaves, records, tap_grads, contribs, method):
     """Turns recorded inputs and output gradients of each site into factored leaf contributions."""
     for k in sorted(plan.allowed):
         site = plan.sites[k]
@@ -139,30 +139,33 @@ def _site_contribs(plan, leaves, records, tap_grads, contribs):
             if "bias" in pid:
                 contribs[pid["bias"]].insts.append(jnp.sum(gf, axis=1).astype(jnp.float32))
         elif site.kind == "conv":
-            # per-example kernel gradient = patches^T output grads (im2col), per feature group
             kid = pid["kernel"]
             kshape = np.shape(leaves[kid])                 # kernel spatial... + (C_in / G, C_out)
             G, Q = site.conv.feature_group_count, kshape[-1]
             K, cg = int(math.prod(kshape[:-2])), kshape[-2]
-            pat = _taps.conv_patches(site.conv, x).astype(jnp.float32).reshape(B, -1, K, G, cg)
-            T = pat.shape[1]
+            T = int(np.size(g)) // (B * Q)                  # output positions per example
             gf = g.reshape(B, T, Q).astype(jnp.float32)
             contribs[kid].pq = (K * cg, Q)
+            if "bias" in pid:
+                contribs[pid["bias"]].insts.append(jnp.sum(gf, axis=1))
+            instantiate = method != "ghost" and _norms.instantiation_cheaper(T, K * cg, Q)
+            if G > 1 or (instantiate and K * cg > Q):
+                # instantiated from the layer's own transposed convolution, without the im2col patches,
+                # which would be larger than the layer's output (K * C_in > C_out; 2-3x faster on CPU too)
+                contribs[kid].insts.append(_taps.conv_kernel_grads(site.conv, x, g, kshape))
+                continue
+            # per-example kernel gradient = patches^T output grads (im2col): ghosted, or instantiated from
+            # patches no larger than the output (e.g. a first layer on few input channels)
+            pat = _taps.conv_patches(site.conv, x).astype(jnp.float32).reshape(B, T, K * cg)
             read = _taps.conv_read_mask(site.conv, x.shape)
-            if G == 1 and read is not None:
+            if read is not None:
                 def patches(xz, conv=site.conv, T=T, P=K * cg):
                     return _taps.conv_patches(conv, xz).astype(jnp.float32).reshape(B, T, P)
                 # the patches hold exactly the read inputs (and zeros): finiteness is checked there, dropped
                 # rows are zeroed in x (`norms.zero_rows`) and the patches built once from it
                 xs = x if site.conv.dtype is None else x.astype(site.conv.dtype)   # as the patches cast it
                 contribs[kid].sources[len(contribs[kid].mats)] = (jnp.where(read, xs, 0), patches)
-            if G == 1:
-                contribs[kid].mats.append((pat.reshape(B, T, K * cg), gf))
-            else:  # block-diagonal over groups: instantiated ([K, C_in/G, G, C_out/G] = the kernel layout)
-                u = jnp.einsum("btkgc,btgq->bkcgq", pat, gf.reshape(B, T, G, Q // G))
-                contribs[kid].insts.append(u.reshape(B, -1))
-            if "bias" in pid:
-                contribs[pid["bias"]].insts.append(jnp.sum(gf, axis=1))
+            contribs[kid].mats.append((pat, gf))
         elif site.kind == "lookup":
             eid = pid["embedding"]
             M, d = np.shape(leaves[eid])
@@ -227,7 +230,7 @@ def _factored_grads(loss_fn, leaves, treedef, batch, method):
 
     losses, records, tap_grads, fb_grads, raw_records, raw_grads = jax.vmap(pe)(batch)
     contribs = {i: _norms.LeafContribs(tuple(np.shape(leaves[i]))) for i in range(len(leaves))}
-    _site_contribs(plan, leaves, records, tap_grads, contribs)
+    _site_contribs(plan, leaves, records, tap_grads, contribs, method)
     _raw_contribs(plan, leaves, raw_records, raw_grads, contribs)
     for i, g in zip(plan.fallback, fb_grads):
         contribs[i].insts.append(g.reshape(B, -1).astype(jnp.float32))

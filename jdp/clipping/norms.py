@@ -83,6 +83,11 @@ def _gather_cols(L, ids):
 GHOST_COST_FACTOR = 2.0
 
 
+def instantiation_cheaper(T: int, P: int, Q: int) -> bool:
+    """The mixed rule's cost comparison for a P x Q parameter read at T positions per example."""
+    return T * P * Q <= GHOST_COST_FACTOR * T * T * (P + Q)
+
+
 def choose_instantiate(c: LeafContribs, method: str) -> bool:
     """Mixed rule: instantiate the mat part when its cost is below the ghost cost."""
     if not c.mats:
@@ -92,8 +97,7 @@ def choose_instantiate(c: LeafContribs, method: str) -> bool:
     if c.insts:
         return True  # needed to combine exactly with instantiated terms
     P, Q = c.pq
-    T = sum(L.shape[1] for L, _ in c.mats)
-    return T * P * Q <= GHOST_COST_FACTOR * T * T * (P + Q)
+    return instantiation_cheaper(sum(L.shape[1] for L, _ in c.mats), P, Q)
 
 
 def describe(c: LeafContribs, method: str, memory_limit: int) -> dict:

@@ -183,6 +183,23 @@ def patches_by_layer(conv: nn.Conv, x: jax.Array) -> jax.Array:
     return jnp.swapaxes(out, -1, -2).reshape(out.shape[:-2] + (K * cin,))
 
 
+def conv_kernel_grads(conv: nn.Conv, x: jax.Array, g: jax.Array, kernel_shape: tuple[int, ...]) -> jax.Array:
+    """Per-example kernel gradients [B, kernel size] of `conv` from its inputs x [B, 1, ...] and output
+    gradients g [B, 1, ...]: the layer's own convolution differentiated in its kernel, per example (XLA
+    runs the vmapped transpose as one grouped convolution). Exact for every padding mode, dilation and
+    feature grouping, and never builds the im2col patches (K x the input)."""
+    clone = conv.clone(parent=None, use_bias=False, dtype=jnp.float32, param_dtype=jnp.float32,
+                       precision=jax.lax.Precision.HIGHEST)
+    xs = x if conv.dtype is None else x.astype(conv.dtype)   # the layer computes from its dtype's inputs
+    kernel = jnp.zeros(kernel_shape, jnp.float32)           # linear in the kernel: any value gives the VJP
+
+    def one(xb, gb):
+        _, vjp = jax.vjp(lambda k: clone.apply({"params": {"kernel": k}}, xb), kernel)
+        return vjp(gb)[0].reshape(-1)
+
+    return jax.vmap(one)(xs.astype(jnp.float32), g.astype(jnp.float32))
+
+
 def _linen_conv_of(conv: nnx.Conv) -> nn.Conv:
     return nn.Conv(features=conv.out_features, kernel_size=conv.kernel_size, strides=conv.strides,
                    padding=conv.padding, input_dilation=conv.input_dilation,

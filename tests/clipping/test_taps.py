@@ -141,6 +141,23 @@ def test_sliced_conv_patches_equal_the_layers_own(kw):
     np.testing.assert_array_equal(np.asarray(conv_patches(conv, x)), np.asarray(patches_by_layer(conv, x)))
 
 
+@pytest.mark.parametrize("kw", [dict(strides=2, feature_group_count=2), dict(padding="CIRCULAR", kernel_dilation=2),
+                                dict(padding=((1, 0),), input_dilation=2)])
+def test_conv_kernel_grads_equal_per_example_gradients_of_the_layer(kw):
+    """The transposed-convolution path (no im2col patches) against jax.grad of each example alone."""
+    from jdp.clipping.taps import conv_kernel_grads
+    one_d = "input_dilation" in kw
+    conv = nn.Conv(6, (3,) if one_d else (3, 2), use_bias=False, **kw)
+    shape = (4, 1, 10, 4) if one_d else (4, 1, 9, 8, 4)
+    x = jax.random.normal(jax.random.PRNGKey(0), shape)
+    kernel = conv.init(jax.random.PRNGKey(1), x[0])["params"]["kernel"]
+    g = jax.random.normal(jax.random.PRNGKey(2), (4,) + conv.apply({"params": {"kernel": kernel}}, x[0]).shape)
+    got = conv_kernel_grads(conv, x, g, kernel.shape)
+    for b in range(4):
+        want = jax.grad(lambda k: jnp.vdot(conv.apply({"params": {"kernel": k}}, x[b]), g[b]))(kernel)
+        np.testing.assert_allclose(np.asarray(got[b]), np.asarray(want).reshape(-1), rtol=1e-5, atol=1e-5)
+
+
 def test_conv_read_mask_is_where_the_patches_read_the_input():
     """`conv_read_mask` marks exactly the input positions `conv_patches` gathers (the gradient of the
     patches' sum is nonzero there), for strides, dilation, VALID / SAME / explicit padding, 1-D and 2-D."""
