@@ -34,9 +34,13 @@ class LeafContribs:
     # read inputs, K x larger than x): the finiteness check reads x, dropped rows are zeroed in x and L is
     # rebuilt from it (no K x larger masked copy)
     sources: dict = dataclasses.field(default_factory=dict)
+    # arrays [B, ...] read only by the finiteness check: the inputs of a term computed from sanitised copies
+    # (a transposed conv mixes examples in one op, so no non-finite value may enter it)
+    checks: list = dataclasses.field(default_factory=list)
 
 
-def _rows_finite(x: jax.Array) -> jax.Array:
+def rows_finite(x: jax.Array) -> jax.Array:
+    """[B] True where every value of the example's row of x is finite."""
     return jnp.all(jnp.isfinite(x), axis=tuple(range(1, x.ndim)))
 
 
@@ -46,11 +50,13 @@ def finite_rows(contribs: dict[int, LeafContribs]) -> jax.Array | bool:
     for c in contribs.values():
         for i, (L, R) in enumerate(c.mats):
             # a source x holds exactly the values its patches L hold (besides zeros)
-            ok = ok & _rows_finite(c.sources[i][0] if i in c.sources else L) & _rows_finite(R)
+            ok = ok & rows_finite(c.sources[i][0] if i in c.sources else L) & rows_finite(R)
         for _, R in c.lookups:
-            ok = ok & _rows_finite(R)
+            ok = ok & rows_finite(R)
         for u in c.insts:
-            ok = ok & _rows_finite(u)
+            ok = ok & rows_finite(u)
+        for x in c.checks:
+            ok = ok & rows_finite(x)
     return ok
 
 
@@ -62,7 +68,7 @@ def zero_rows(contribs: dict[int, LeafContribs], keep: jax.Array) -> None:
     for c in contribs.values():
         c.mats = [(c.sources[i][1](z(c.sources[i][0])) if i in c.sources else z(L), z(R))
                   for i, (L, R) in enumerate(c.mats)]
-        c.sources = {}
+        c.sources, c.checks = {}, []
         c.lookups = [(ids, z(R)) for ids, R in c.lookups]
         c.insts = [z(u) for u in c.insts]
 

@@ -360,23 +360,36 @@ def test_a_leaf_shared_with_an_untapped_layer_is_differentiated_at_every_use(met
 
 
 # ---------------------------------------------------------------- item 9 for convolutions (lazy patches)
+CONV_KERNEL_GRADS = __import__("jdp.clipping.taps", fromlist=["taps"]).conv_kernel_grads
+
+
 class ConvNet(nn.Module):
-    """Strided VALID conv (leaves the last input row and column unread), then a SAME conv."""
+    """Strided VALID conv (leaves the last input row and column unread), then a SAME conv. groups = 2: the
+    first conv is grouped, whose per-example gradients come from the layer's transposed convolution."""
+    groups: int = 1
+
     @nn.compact
     def __call__(self, x):
-        h = nn.relu(nn.Conv(4, (3, 3), strides=(2, 2), padding="VALID")(x))
+        h = nn.relu(nn.Conv(4, (3, 3), strides=(2, 2), padding="VALID", feature_group_count=self.groups)(x))
         h = nn.Conv(3, (2, 2), padding="SAME")(h)
         return jnp.sum(h.mean((1, 2)) ** 2, -1)
 
 
-@pytest.mark.parametrize("method", ["auto", "ghost", "vmap"])
-def test_conv_examples_with_nonfinite_inputs_are_dropped_exactly_where_the_layer_reads_them(method):
+@pytest.mark.parametrize("method,groups,size", [("auto", 1, 8), ("auto", 2, 8), ("auto", 1, 34), ("ghost", 1, 8),
+                                               ("vmap", 1, 8)])
+def test_conv_examples_with_nonfinite_inputs_are_dropped_exactly_where_the_layer_reads_them(method, groups, size,
+                                                                                            monkeypatch):
     """Convolutions check finiteness on the layer input and zero dropped examples there (the im2col patches
     are rebuilt from it): a NaN a conv reads drops the example (counted, contributes nothing, grad_sum equals
     the run without it); in a masked-out row it changes nothing; a NaN in an input position no output reads
-    (strided VALID crop) leaves the example's gradient finite, so it is kept, as by the vmap reference."""
-    model = ConvNet()
-    x = jax.random.normal(jax.random.key(0), (6, 8, 8, 2))
+    (strided VALID crop) leaves the example's gradient finite, so it is kept, as by the vmap reference.
+    size 34: 16 x 16 outputs, where the first conv runs as one transposed convolution over the whole batch
+    (`taps.conv_kernel_grads`): no value of one example may reach another's gradient, not even a huge one."""
+    from jdp.clipping import taps
+    calls = []
+    monkeypatch.setattr(taps, "conv_kernel_grads", lambda *a: calls.append(1) or CONV_KERNEL_GRADS(*a))
+    model = ConvNet(groups)
+    x = jax.random.normal(jax.random.key(0), (6, size, size, 2))
     params = model.init(jax.random.key(1), x[:1])
 
     def loss_fn(p, b):
@@ -398,7 +411,13 @@ def test_conv_examples_with_nonfinite_inputs_are_dropped_exactly_where_the_layer
     g, bad, _ = run(read, no2)                              # masked out: as with a clean row
     assert bad == 0
     np.testing.assert_allclose(g, run(x, no2)[0], rtol=1e-5, atol=1e-6)
-    unread = x.at[2, 7, 7, :].set(jnp.nan)                  # row/column 7: no 3x3 stride-2 VALID window reads it
+    unread = x.at[2, size - 1, size - 1, :].set(jnp.nan)    # last row/column: no 3x3 stride-2 VALID window reads it
     g, bad, fac = run(unread, all6)
     assert bad == 0 and fac[2] > 0
     np.testing.assert_allclose(g, clean[0], rtol=1e-5, atol=1e-6)
+    huge = x.at[2].multiply(1e36)                          # finite, overflowing in its own products only
+    g, bad, fac = run(huge, all6)
+    g_without = run(huge, no2)[0]
+    np.testing.assert_allclose(g - (0.0 if bad else _flat(jc.clipped_grad(  # the others: exactly as without it
+        loss_fn, params, huge[2:3], l2_clip=0.5, method=method).grad_sum)), g_without, rtol=1e-4, atol=1e-5)
+    assert (len(calls) > 0) == (size > 8 and method == "auto")  # the transposed path ran where it should
