@@ -187,7 +187,9 @@ def conv_kernel_grads(conv: nn.Conv, x: jax.Array, g: jax.Array, kernel_shape: t
     """Per-example kernel gradients [B, kernel size] of `conv` from its inputs x [B, 1, ...] and output
     gradients g [B, 1, ...]: the layer's own convolution differentiated in its kernel, per example (XLA
     runs the vmapped transpose as one grouped convolution). Exact for every padding mode, dilation and
-    feature grouping, and never builds the im2col patches (K x the input)."""
+    feature grouping, and never builds the im2col patches (K x the input). That one convolution may mix the
+    examples' non-finite values (seen for grouped convs, which XLA rewrites with masks): callers pass finite
+    examples only (the engine zeroes the others and drops them by their own check)."""
     clone = conv.clone(parent=None, use_bias=False, dtype=jnp.float32, param_dtype=jnp.float32,
                        precision=jax.lax.Precision.HIGHEST)
     xs = x if conv.dtype is None else x.astype(conv.dtype)   # the layer computes from its dtype's inputs
