@@ -480,6 +480,7 @@ class RawMatmul:
     part: tuple[int, ...] = ()      # (start, size): the leaf is this slice of a concatenation along the product's
                                     # free parameter axis (kernels packed side by side, as OptimizedLSTMCell does)
     act_size: int = 0               # elements of the recorded activation (one product)
+    eqn: int = -1                   # its equation in the loss's top-level jaxpr (for a product in a scan: the scan)
 
     @property
     def tap_shape(self) -> tuple[int, ...]:
@@ -616,7 +617,7 @@ def raw_matmuls(jaxpr, n_leaves: int) -> tuple[list[tuple[int, RawMatmul]], set[
     found, bad = _products(jaxpr, uses, chains, in_scan=False)
     ok = {i for i in chains if uses.get(jaxpr.invars[i]) and i not in bad} & {r.leaf for _, r in found}
     found = sorted(found, key=lambda t: (t[0], t[1].body_eqn))
-    return [(e, dataclasses.replace(r, index=k)) for k, (e, r) in enumerate(found)], ok
+    return [(e, dataclasses.replace(r, index=k, eqn=e)) for k, (e, r) in enumerate(found)], ok
 
 
 def _eval_tapped(closed, args, raw_at: dict[int, list[RawMatmul]], raw_taps):

@@ -454,3 +454,26 @@ def test_the_tap_or_fallback_choice_is_made_per_scan():
     plan = jc.explain(xent(model), params, {"x": x, "y": jnp.zeros(2, jnp.int32)})[-1]
     assert sum(r.get("scan_length") == 50 for r in plan["raw_products"]) == 8
     assert not any("kernel" in p for p in plan["fallback"])
+
+
+def test_packed_cell_kernels_instantiated_from_one_product_are_exact(monkeypatch):
+    """OptimizedLSTMCell's gate kernels, packed side by side, tapped in the scan over 6 steps (forced: the size
+    rule sends kernels this small to the fallback): the input-side
+    kernels are cheap enough to instantiate, so that packed matrix's per-example gradients are formed once and
+    sliced per kernel (`engine._raw_contribs`), the hidden-side ones are ghosted per kernel. Exact against
+    vmap(grad) for auto and ghost."""
+    from jdp.clipping import engine, taps
+    monkeypatch.setattr(taps, "_scan_leaves_cheaper_whole", lambda raw, leaves: set())  # tapped, not whole
+    products = []
+    einsum = engine.jnp.einsum
+    monkeypatch.setattr(engine.jnp, "einsum", lambda spec, *a, **k: products.append(spec) or einsum(spec, *a, **k))
+    model = RNNClassifier("optimized-lstm")
+    x = jax.random.randint(jax.random.PRNGKey(5), (6, 6), 0, 20)
+    batch = {"x": x, "y": jnp.arange(6) % 3}
+    params, loss_fn, C = setup(model, batch, x, 2, clip_scale=0.7)
+    ref_sum, ref_norms = reference(loss_fn, params, batch, C)
+    for method in ("auto", "ghost"):
+        check(run(loss_fn, params, batch, l2_clip=C, method=method), ref_sum, ref_norms)
+    tapped = {r["param"] for r in jc.explain(loss_fn, params, batch)[-1]["raw_products"] if r.get("scan_length") == 6}
+    assert len(tapped) == 8 and all("kernel" in p for p in tapped)
+    assert "btp,btq->bpq" in products  # the packed product's per-example gradients, formed once
