@@ -155,14 +155,14 @@ def _site_contribs(plan, leaves, records, tap_grads, contribs, method):
                 contribs[pid["bias"]].insts.append(jnp.sum(gf, axis=1))
             instantiate = method != "ghost" and _norms.instantiation_cheaper(T, K * cg, Q)
             read = _taps.conv_read_mask(site.conv, x.shape)
+            xs = x if site.conv.dtype is None else x.astype(site.conv.dtype)   # as the layer casts it
+            xs = xs if read is None else jnp.where(read, xs, 0)                 # the values the layer reads
             if G == 1 and instantiate and K * cg > Q and T >= TRANSPOSED_CONV_MIN_POSITIONS:
                 # instantiated from the layer's own transposed convolution, without the im2col patches,
                 # which would be larger than the layer's output (K * C_in > C_out) and many (T positions).
                 # XLA runs it as ONE grouped convolution over the batch: each example's finiteness is checked
                 # on what the layer reads, and only finite examples enter it, so no example's values can
                 # reach another's gradient
-                xs = x if site.conv.dtype is None else x.astype(site.conv.dtype)
-                xs = xs if read is None else jnp.where(read, xs, 0)
                 ok = (_norms.rows_finite(xs) & _norms.rows_finite(g)).reshape((B,) + (1,) * (x.ndim - 1))
                 contribs[kid].checks += [xs, g]
                 contribs[kid].insts.append(_taps.conv_kernel_grads(
@@ -182,8 +182,7 @@ def _site_contribs(plan, leaves, records, tap_grads, contribs, method):
                     return _taps.conv_patches(conv, xz).astype(jnp.float32).reshape(B, T, P)
                 # the patches hold exactly the read inputs (and zeros): finiteness is checked there, dropped
                 # rows are zeroed in x (`norms.zero_rows`) and the patches built once from it
-                xs = x if site.conv.dtype is None else x.astype(site.conv.dtype)   # as the patches cast it
-                contribs[kid].sources[len(contribs[kid].mats)] = (jnp.where(read, xs, 0), patches)
+                contribs[kid].sources[len(contribs[kid].mats)] = (xs, patches)
             contribs[kid].mats.append((pat, gf))
         elif site.kind == "lookup":
             eid = pid["embedding"]
@@ -246,7 +245,7 @@ def _raw_contribs(plan, leaves, records, grads, contribs, method, memory_limit):
         contribs[r.leaf].mats.append((X, G) if r.param_axis == 0 else (G, X))
 
 
-def _factored_grads(loss_fn, leaves, treedef, batch, method, memory_limit=DEFAULT_MEMORY_LIMIT):
+def _factored_grads(loss_fn, leaves, treedef, batch, method, memory_limit):
     """Tapping plan, per-example losses [B] and the factored per-example gradient of every leaf."""
     B = _batch_size(batch)
     example = jax.tree.map(lambda x: jax.ShapeDtypeStruct((1,) + tuple(np.shape(x)[1:]), jnp.result_type(x)),
