@@ -83,8 +83,9 @@ def make_batch(key, B, L, vocab):
     return {"seq": items[:, :-1], "tgt": items[:, 1:]}
 
 
-def make_steps(loss_fn, methods):
-    """{name: (step function, is_dp)} for one Adam step of each method on `loss_fn` (per-example losses)."""
+def make_steps(loss_fn, methods, chunk=None):
+    """{name: (step function, is_dp)} for one Adam step of each method on `loss_fn` (per-example losses);
+    `chunk`: jdp-auto's examples per chunk, for the nonprivate-chunked row (only when it divides the batch)."""
     opt = optax.adam(1e-3)
     noise = jc.dp_aggregate(1.0, 1.0, 1.0, jax.random.PRNGKey(0))
     steps = {}
@@ -95,6 +96,19 @@ def make_steps(loss_fn, methods):
         return optax.apply_updates(params, upd), opt_state
 
     steps["nonprivate"] = (nonprivate, False)
+
+    if chunk:  # the same batch_chunk as jdp-auto, for the non-private gradient: does chunking alone speed it up?
+        def nonprivate_chunked(params, opt_state, batch, mask):
+            def grad(bm):
+                b, m = bm
+                return jax.grad(lambda p: jnp.sum(loss_fn(p, b) * m))(params)
+            B = mask.shape[0]
+            parts = jax.tree.map(lambda x: x.reshape((B // chunk, chunk) + x.shape[1:]), (batch, mask))
+            g = jax.tree.map(lambda x: jnp.sum(x, axis=0), jax.lax.map(grad, parts))
+            upd, opt_state = opt.update(g, opt_state, params)
+            return optax.apply_updates(params, upd), opt_state
+
+        steps["nonprivate-chunked"] = (nonprivate_chunked, False)
 
     def dp_step(grad_fn, params, state, batch, mask):
         nstate, ostate = state
@@ -108,6 +122,10 @@ def make_steps(loss_fn, methods):
         fn = functools.partial(lambda p, b, mk, m=m: jc.clipped_grad(
             loss_fn, p, b, l2_clip=1.0, mask=mk, method=m, normalize=True).grad_sum)
         steps[name] = (functools.partial(dp_step, fn), True)
+    # jdp-auto runs the batch in cache-sized chunks on CPU (batch_chunk="auto"); this row is one whole-batch pass
+    fn = lambda p, b, mk: jc.clipped_grad(loss_fn, p, b, l2_clip=1.0, mask=mk, normalize=True,  # noqa: E731
+                                          batch_chunk=None).grad_sum
+    steps["jdp-auto-whole"] = (functools.partial(dp_step, fn), True)
     try:
         from jax_privacy import clipping as jpc
 
@@ -144,7 +162,8 @@ def measure(loss_fn, params, batch, methods, reps, budget, max_seconds, step_tim
     opt_state = optax.adam(1e-3).init(params)
     nstate = jc.dp_aggregate(1.0, 1.0, 1.0, jax.random.PRNGKey(0)).init(params)
     rows, compiled = {}, {}
-    for name, (fn, dp) in make_steps(loss_fn, methods).items():
+    chunk = jc.explain(loss_fn, params, batch)[-1]["batch_chunk"] if "nonprivate-chunked" in methods else None
+    for name, (fn, dp) in make_steps(loss_fn, methods, chunk if chunk and chunk < B and B % chunk == 0 else None).items():
         state = (nstate, opt_state) if dp else opt_state
         t0 = time.perf_counter()
         try:

@@ -10,8 +10,10 @@ Models (each a per-example cross-entropy on synthetic data of the right shape):
                  (V=20k, d=64, L=50, 2 blocks)
   lm_tied_by_hand  the same LM tied by hand: logits = h @ embed.embedding.T
   nnx_cnn        the MNIST CNN written with flax.nnx (nnx.split / nnx.merge)
-Methods: nonprivate (grad of the summed loss), jdp-auto, jdp-ghost, jdp-two-pass, jdp-vmap (= plain
-vmap(grad) per-example gradients), jax_privacy when it is installed. One Adam step each, timed side
+Methods: nonprivate (grad of the summed loss), jdp-auto (default: on CPU in cache-sized chunks of the batch),
+jdp-auto-whole (batch_chunk=None: one pass over the whole batch), nonprivate-chunked (the non-private gradient in
+jdp-auto's chunks), jdp-ghost, jdp-two-pass, jdp-vmap (= plain vmap(grad) per-example gradients), jax_privacy
+when it is installed. One Adam step each, timed side
 by side in one process (medians of interleaved repeats; see benchmarks.clipping_bench.measure), with
 XLA's compiled peak memory.
 
@@ -157,7 +159,8 @@ BATCH = {"mnist_cnn": 256, "resnet18_cifar": 128, "lstm_classifier": 256, "lm_ti
 
 def table(rows: list[dict]) -> str:
     """Markdown: step time and compiled peak memory of each method as multiples of non-private."""
-    methods = [m for m in ("jdp-auto", "jdp-ghost", "jdp-two-pass", "jdp-vmap", "jax_privacy")
+    methods = [m for m in ("jdp-auto", "jdp-auto-whole", "nonprivate-chunked", "jdp-ghost", "jdp-two-pass", "jdp-vmap",
+                           "jax_privacy")
                if any(r["method"] == m for r in rows)]
     lines = ["| model (batch) | non-private step s | " + " | ".join(f"{m} time / mem" for m in methods) + " |",
              "|---" * (2 + len(methods)) + "|"]

@@ -25,7 +25,7 @@ from dp_accounting import dp_event as dpe
 
 from jdp import noise
 from jdp.accounting import ADD_OR_REMOVE_ONE, PrivacyReport, calibrate, compute_epsilon
-from jdp.clipping.engine import METHODS, clipped_grad
+from jdp.clipping.engine import METHODS, check_batch_chunk, clipped_grad
 from jdp.validation import check_delta, check_epsilon, check_positive
 
 
@@ -147,6 +147,7 @@ class DPSGD:
     normalize: bool = False
     accountant: str = "rdp"
     unit: str = "example"
+    batch_chunk: int | str | None = "auto"   # see `clipped_grad`
 
     @property
     def expected_batch_size(self) -> float:
@@ -191,7 +192,7 @@ class DPSGD:
 
     def _clipped(self, params: Any, batch: Any, mask: jax.Array, aux: Any = None):
         cg = clipped_grad(self.loss_fn, params, batch, l2_clip=self.l2_clip, mask=mask,
-                          method=self.method, normalize=self.normalize, aux=aux)
+                          method=self.method, normalize=self.normalize, aux=aux, batch_chunk=self.batch_chunk)
         keep = jnp.asarray(mask) != 0
         # `where`, not `* mask`: a padding row's NaN loss must not reach the metrics (0 * NaN = NaN)
         sums = {"loss_sum": jnp.sum(jnp.where(keep, cg.loss, 0.0)), "count": jnp.sum(keep),
@@ -273,11 +274,12 @@ def dp_sgd(loss_fn: Callable, optimizer: optax.GradientTransformation, *, num_ex
            batch_size: float, l2_clip: float, delta: float, epochs: float | None = None,
            steps: int | None = None, epsilon: float | None = None, noise_multiplier: float | None = None,
            method: str = "auto", normalize: bool = False, max_batch_size: int | None = None,
-           accountant: str = "rdp", unit: str = "example") -> DPSGD:
+           accountant: str = "rdp", unit: str = "example", batch_chunk: int | str | None = "auto") -> DPSGD:
     """Builds a DPSGD helper; the noise multiplier is calibrated to (epsilon, delta) for Poisson
     sampling at rate batch_size / num_examples over the planned steps (or given explicitly).
 
     Unit of privacy: one row of the training data (`unit` names it); add/remove-one neighbours.
+    `batch_chunk`: examples per pass of the clipping engine (`clipped_grad`; "auto": cache-sized chunks on CPU).
     """
     if int(num_examples) < 1:
         raise ValueError(f"num_examples must be >= 1, got {num_examples}")
@@ -288,6 +290,7 @@ def dp_sgd(loss_fn: Callable, optimizer: optax.GradientTransformation, *, num_ex
     delta = check_delta(delta, num_units=int(num_examples))
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    check_batch_chunk(batch_chunk)
     q = float(batch_size) / int(num_examples)
     if steps is None:
         if epochs is None:
@@ -304,7 +307,7 @@ def dp_sgd(loss_fn: Callable, optimizer: optax.GradientTransformation, *, num_ex
     if mb < 1:
         raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
     return DPSGD(loss_fn, optimizer, int(num_examples), q, int(steps), C, float(noise_multiplier), delta, mb,
-                 method, bool(normalize), accountant, unit)
+                 method, bool(normalize), accountant, unit, batch_chunk)
 
 
 __all__ = ["DPAggregateState", "DPSGD", "DPSGDState", "calibrate_noise_multiplier", "default_max_batch_size",

@@ -481,6 +481,13 @@ class RawMatmul:
                                     # free parameter axis (kernels packed side by side, as OptimizedLSTMCell does)
     act_size: int = 0               # elements of the recorded activation (one product)
     eqn: int = -1                   # its equation in the loss's top-level jaxpr (for a product in a scan: the scan)
+    slot: int = -1                  # index of the tap / recorded activation it reads: its own, or for kernels packed
+                                    # into one product that of the product's first leaf (one tap per product)
+
+    @property
+    def product(self) -> tuple[int, int]:
+        """The product's identity: (top-level equation, equation in the scan body or -1)."""
+        return self.eqn, self.body_eqn
 
     @property
     def tap_shape(self) -> tuple[int, ...]:
@@ -621,7 +628,7 @@ def raw_matmuls(jaxpr, n_leaves: int) -> tuple[list[tuple[int, RawMatmul]], set[
 
 
 def _eval_tapped(closed, args, raw_at: dict[int, list[RawMatmul]], raw_taps):
-    """Evaluates `closed` (a ClosedJaxpr) on `args`, adding raw_taps[r.index] to the output of each raw product r
+    """Evaluates `closed` (a ClosedJaxpr) on `args`, adding raw_taps[r.slot] to the output of each raw product r
     and recording the product's other operand (the activation). raw_at: {equation: [RawMatmul]}, the product
     itself or, for products inside a scan, the scan, which then runs with the taps as extra per-iteration
     inputs and the activations as extra per-iteration outputs (stacked over iterations). Returns (outputs,
@@ -643,8 +650,9 @@ def _eval_tapped(closed, args, raw_at: dict[int, list[RawMatmul]], raw_taps):
             with eqn.ctx.manager:
                 out = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
             for r in at:
-                recorded[r.index] = invals[1 - r.param_operand]
-                out = out + raw_taps[r.index].astype(out.dtype)
+                if r.slot == r.index:  # kernels packed into one product share its first leaf's tap and record
+                    recorded[r.index] = invals[1 - r.param_operand]
+                    out = out + raw_taps[r.index].astype(out.dtype)
             outs = out if eqn.primitive.multiple_results else [out]
         for v, x in zip(eqn.outvars, outs):
             if not isinstance(v, jex_core.DropVar):
@@ -661,7 +669,7 @@ def _eval_scan_tapped(eqn, invals, products: Sequence[RawMatmul], raw_taps):
     inner_at: dict[int, list[RawMatmul]] = {}
     for r in products:  # plain products in the body
         inner_at.setdefault(r.body_eqn, []).append(dataclasses.replace(r, length=0))
-    taps = {r.index: raw_taps[r.index] for r in products}
+    taps = {r.index: raw_taps[r.index] for r in products if r.slot == r.index}
 
     def body(carry, step):
         x, tap = step
@@ -683,9 +691,12 @@ def _scan_leaves_cheaper_whole(raw: Sequence[tuple[int, RawMatmul]], leaves: Seq
     512 over 8 steps: 0.9× vs 16.8× → tapped."""
     recorded: dict[int, int] = {}
     read: dict[int, set[int]] = {}
+    seen = set()
     for e, r in raw:
         if r.length:
-            recorded[e] = recorded.get(e, 0) + r.length * (r.act_size + math.prod(r.out_shape))
+            if (e, r.body_eqn) not in seen:  # kernels packed into one product share its one record
+                seen.add((e, r.body_eqn))
+                recorded[e] = recorded.get(e, 0) + r.length * (r.act_size + math.prod(r.out_shape))
             read.setdefault(e, set()).add(r.leaf)
     whole = set()
     for e, ids in read.items():
@@ -745,9 +756,20 @@ def discover(per_example_loss: Callable, leaves: Sequence[Any], treedef, example
         fallback_leaves = grown
     covered = ({i for s in sites if s.index in allowed for i in s.leaf_ids} | raw_ok) - fallback_leaves
     raw = [r for _, r in raw if r.leaf in covered]
-    raw = tuple(dataclasses.replace(r, index=k) for k, r in enumerate(raw))
+    first: dict[tuple[int, int], int] = {}
+    raw = tuple(dataclasses.replace(r, index=k, slot=first.setdefault(r.product, k)) for k, r in enumerate(raw))
     fallback = tuple(sorted((direct | via_site) - covered))
     return Plan(sites, allowed, frozenset(covered), fallback, holder["loss_shape"], raw, frozenset(cheaper_whole))
+
+
+def per_example_bytes(plan: Plan, leaves: Sequence[Any]) -> int:
+    """Bytes (float32) of one example's state in a pass with `plan`: the tapped sites' recorded inputs and output
+    gradients, each raw product's recorded activations and output gradients (once for kernels packed into one
+    product), the fallback leaves' per-example gradients."""
+    n = sum(math.prod(s.in_shape) + math.prod(s.out_shape) for s in plan.sites if s.index in plan.allowed)
+    n += sum(math.prod(r.tap_shape) + max(r.length, 1) * r.act_size for r in plan.raw if r.slot == r.index)
+    n += sum(int(np.size(leaves[i])) for i in plan.fallback)
+    return 4 * n
 
 
 def run_per_example(per_example_loss: Callable, plan: Plan, leaves: Sequence[Any], treedef,
@@ -762,7 +784,7 @@ def run_per_example(per_example_loss: Callable, plan: Plan, leaves: Sequence[Any
     """
     fb = list(plan.fallback)
     taps = {k: jnp.zeros(plan.sites[k].out_shape, plan.sites[k].out_dtype) for k in plan.allowed}
-    raw_taps = {r.index: jnp.zeros(r.tap_shape, r.out_dtype) for r in plan.raw}
+    raw_taps = {r.index: jnp.zeros(r.tap_shape, r.out_dtype) for r in plan.raw if r.slot == r.index}
 
     def traced(lv, site_lv, taps, ex):
         params = jax.tree.unflatten(treedef, lv)

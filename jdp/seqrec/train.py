@@ -328,7 +328,8 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
         k_noise = jax.random.key_data(k_noise)  # raw key bits: the noise key is checkpointed in opt_state
     if private:
         dp = dp_sgd(loss_fn, opt, num_examples=N, batch_size=cfg.batch_size, l2_clip=cfg.l2_clip, delta=cfg.delta,
-                    steps=steps, noise_multiplier=sigma, method=cfg.clipping, normalize=cfg.normalize, unit="user")
+                    steps=steps, noise_multiplier=sigma, method=cfg.clipping, normalize=cfg.normalize, unit="user",
+                    batch_chunk=None)  # each call is already one physical chunk of ~chunk_rows positions
         state = dp.init(params, k_noise)
         accumulate, apply = dp.accumulate, dp.apply
     else:  # NON-PRIVATE reference: plain gradient sums, the same sampling, schedule and optimiser

@@ -5,6 +5,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import jdp.clipping as jc
@@ -371,6 +372,31 @@ def test_bad_inputs():
     cg = jax.jit(lambda p, b: jc.clipped_grad(
         lambda p, b: loss_fn(p, b) * jnp.where(b["y"] == 2, jnp.inf, 1.0), p, b, l2_clip=1.0))(params, batch)
     assert int(cg.num_nonfinite) == 1 and float(cg.clip_factors[2]) == 0.0
+
+
+def test_batch_chunk_runs_the_batch_in_chunks_with_the_same_result(monkeypatch):
+    """"auto" on CPU: chunks of a power of two ≥ MIN_CHUNK examples whose per-example state is about
+    CPU_CHUNK_BYTES (shrunk here so that a batch of 7 splits into chunks of 2, the last one padded); exact
+    against vmap(grad) like the whole batch, reported by `explain`; bad values raise."""
+    from jdp.clipping import engine
+    model = MLP()
+    x = jax.random.normal(jax.random.PRNGKey(0), (7, 7))
+    batch = {"x": x, "y": jnp.arange(7) % 3}
+    params, loss_fn, C = setup(model, batch, x, 1)
+    per_example = jc.explain(loss_fn, params, batch)[-1]["per_example_bytes"]
+    assert jc.explain(loss_fn, params, batch)[-1]["batch_chunk"] == 7        # small state: one pass
+    monkeypatch.setattr(engine, "CPU_CHUNK_BYTES", 3 * per_example)
+    monkeypatch.setattr(engine, "MIN_CHUNK", 1)
+    assert jc.explain(loss_fn, params, batch)[-1]["batch_chunk"] == 2        # 3 -> the power of two below
+    ref_sum, ref_norms = reference(loss_fn, params, batch, C)
+    for chunk in ("auto", 3, None):
+        check(run(loss_fn, params, batch, l2_clip=C, batch_chunk=chunk), ref_sum, ref_norms)
+    for bad in (0, -2, 2.5, "all", True):
+        with pytest.raises(ValueError, match="batch_chunk"):
+            jc.clipped_grad(loss_fn, params, batch, l2_clip=C, batch_chunk=bad)
+        with pytest.raises(ValueError, match="batch_chunk"):
+            jc.dp_sgd(loss_fn, optax.sgd(0.1), num_examples=7, batch_size=2, l2_clip=C, delta=1e-5, steps=1,
+                      noise_multiplier=1.0, batch_chunk=bad)
 
 
 def test_long_lookup_norms_sum_repeated_ids_exactly():

@@ -261,6 +261,26 @@ def test_nonfinite_unmasked_example_is_counted_and_contributes_nothing(method):
         np.testing.assert_allclose(_flat(g), _flat(want), rtol=1e-5, atol=1e-6, err_msg=kind)
 
 
+@pytest.mark.parametrize("method", ["auto", "ghost-two-pass", "vmap"])
+def test_a_batch_run_in_chunks_equals_the_whole_batch_and_its_padding_adds_nothing(method):
+    """batch_chunk=3 on B = 8 runs three chunks of 3, the last one padded with a repeat of example 7 that is
+    masked out: every output equals the whole batch's (a repeat that counted would add up to one more clip
+    bound), also with NaN rows masked out (rows 3 and 7: the padding repeats a NaN row) and with an unmasked
+    non-finite example (counted once, contributing nothing)."""
+    params, batch = _case()
+    prog = _jit(lambda p, b, m: [jc.clipped_grad(loss_fn, p, b, l2_clip=C, mask=m, method=method, batch_chunk=k)
+                                 for k in (None, 3)])
+    mask = jnp.array([1, 1, 1, 0, 1, 1, 1, 0], bool)
+    for b, m, bad in [(batch, ALL, 0), (_poison(batch, [3, 7], "nan-x"), mask, 0),
+                      (_poison(batch, [4], "inf-x"), ALL, 1)]:
+        whole, chunked = prog(params, b, m)
+        assert int(chunked.num_nonfinite) == int(whole.num_nonfinite) == bad
+        np.testing.assert_allclose(_flat(chunked.grad_sum), _flat(whole.grad_sum), rtol=1e-5, atol=1e-6)
+        for name in ("norms", "clip_factors", "loss"):
+            np.testing.assert_allclose(np.asarray(getattr(chunked, name)), np.asarray(getattr(whole, name)),
+                                       rtol=1e-5, err_msg=name)
+
+
 def test_mask_must_be_an_indicator():
     """Audit item 9: the mask selects examples, it never weights them (a weight of 2 would double an
     example's clipped contribution beyond the sensitivity)."""
