@@ -311,8 +311,8 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
         (`jax.lax.map`) and their clipped sums add up (the result is the same up to float rounding of the sum).
         "auto" (default): on CPU, chunks whose per-example state (recorded layer inputs and output
         gradients, raw products, fallback gradients) is about CPU_CHUNK_BYTES, at least MIN_CHUNK examples
-        (cache-sized: faster and smaller on every model of `benchmarks/clipping_external.py`); on GPU/TPU the
-        whole batch. None: the whole batch; an int: that many examples. With group_ids the whole batch (a
+        (cache-sized: faster and smaller on the RNN and Transformer models of `benchmarks/clipping_external.py`),
+        except for models with convolutions (slower inside the loop on CPU); on GPU/TPU the whole batch. None: the whole batch; an int: that many examples. With group_ids the whole batch (a
         unit's examples must be clipped together). A batch that is not a multiple is padded with masked rows.
       matmul_precision: precision of every matmul traced here (`jax.default_matmul_precision`).
         "highest" (default) keeps float32: on GPUs the default TF32 matmuls computed the norms and
@@ -410,8 +410,10 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
 
 # `batch_chunk="auto"` on CPU: per-example state of one chunk (`_taps.per_example_bytes`) and the smallest chunk.
 # Measured in one process per model (2-core CPU, B = 256, time / temp memory relative to the non-private
-# gradient; whole batch -> chunks of 64 -> 32): MNIST CNN 1.39x/2.10x -> 1.24x/0.64x -> 1.27x/0.51x, LSTM
-# 1.86x/1.79x -> 1.47x/0.55x -> 1.36x/0.44x, tied LM 1.85x/1.44x -> 1.44x/0.51x -> 1.40x/0.27x.
+# gradient; whole batch -> chunks of 64 -> 32): LSTM 1.86x/1.79x -> 1.47x/0.55x -> 1.36x/0.44x, tied LM
+# 1.85x/1.44x -> 1.44x/0.51x -> 1.40x/0.27x. Not for models with convolutions: XLA's CPU convolutions run
+# 4-14x slower inside the chunk loop (non-private MNIST CNN in 8 chunks 1030 vs 202 ms; DP ResNet-18/4 at
+# B = 128 3.9 vs 0.85 s; DP MNIST CNN 209 vs 189 ms at 0.24x the memory: `batch_chunk=32` is the user's call).
 CPU_CHUNK_BYTES = 8 << 20
 MIN_CHUNK = 16
 
@@ -421,7 +423,7 @@ def _chunk_size_of(batch_chunk, plan, leaves, B: int) -> int:
     if check_batch_chunk(batch_chunk) is None:
         return B
     if batch_chunk == "auto":
-        if jax.default_backend() != "cpu":
+        if jax.default_backend() != "cpu" or any(site.kind == "conv" for site in plan.sites):
             return B
         per_example = max(_taps.per_example_bytes(plan, leaves), 1)
         chunk = max(MIN_CHUNK, CPU_CHUNK_BYTES // per_example)
