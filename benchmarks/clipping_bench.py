@@ -163,7 +163,8 @@ def measure(loss_fn, params, batch, methods, reps, budget, max_seconds, step_tim
     nstate = jc.dp_aggregate(1.0, 1.0, 1.0, jax.random.PRNGKey(0)).init(params)
     rows, compiled = {}, {}
     chunk = jc.explain(loss_fn, params, batch)[-1]["batch_chunk"] if "nonprivate-chunked" in methods else None
-    for name, (fn, dp) in make_steps(loss_fn, methods, chunk if chunk and chunk < B and B % chunk == 0 else None).items():
+    chunk = chunk if chunk and chunk < B and B % chunk == 0 else None
+    for name, (fn, dp) in make_steps(loss_fn, methods, chunk).items():
         state = (nstate, opt_state) if dp else opt_state
         t0 = time.perf_counter()
         try:

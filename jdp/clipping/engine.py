@@ -312,8 +312,9 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
         "auto" (default): on CPU, chunks whose per-example state (recorded layer inputs and output
         gradients, raw products, fallback gradients) is about CPU_CHUNK_BYTES, at least MIN_CHUNK examples
         (cache-sized: faster and smaller on the RNN and Transformer models of `benchmarks/clipping_external.py`),
-        except for models with convolutions (slower inside the loop on CPU); on GPU/TPU the whole batch. None: the whole batch; an int: that many examples. With group_ids the whole batch (a
-        unit's examples must be clipped together). A batch that is not a multiple is padded with masked rows.
+        except for models with convolutions (slower inside the loop on CPU); on GPU/TPU the whole batch.
+        None: the whole batch; an int: that many examples. With group_ids the whole batch (a unit's examples
+        must be clipped together). A batch that is not a multiple is padded with masked-out rows.
       matmul_precision: precision of every matmul traced here (`jax.default_matmul_precision`).
         "highest" (default) keeps float32: on GPUs the default TF32 matmuls computed the norms and
         the clipped sum with different rounding, and one example's contribution measured up to
