@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 from jdp import accounting
 from jdp.clipping import METHODS as CLIPPING_METHODS
 from jdp.clipping.dp_sgd import dp_sgd, dp_sgd_event, poisson_indices
+from jdp.clipping.engine import check_batch_chunk
 from jdp.seqrec import reattention as ra
 from jdp.seqrec.data import SeqData, item_presence
 from jdp.seqrec.evaluate import baseline_metrics, evaluate, make_rank_fn_reatt
@@ -66,6 +67,8 @@ class TrainConfig:
     l2_clip: float = 1.0
     normalize: bool = False           # normalised clipping g·C/‖g‖ (the paper's choice) instead of min(1, C/‖g‖)
     clipping: str = "auto"            # jdp.clipping method ("vmap": the exact per-example reference)
+    batch_chunk: int | str | None = None  # jdp.clipping batch_chunk inside each physical chunk (None: one pass;
+                                      # each call is already a chunk of ~chunk_rows positions)
     d: int = 64
     heads: int = 1
     blocks: int = 2
@@ -96,6 +99,7 @@ class TrainConfig:
         for name in ("batch_size", "chunk_rows", "d", "heads", "blocks", "eval_chunk"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_batch_chunk(self.batch_chunk)
         if int(self.negatives) < 0:
             raise ValueError(f"negatives must be >= 0, got {self.negatives}")
         if self.negative_sampler not in NEGATIVE_SAMPLERS:
@@ -329,7 +333,7 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     if private:
         dp = dp_sgd(loss_fn, opt, num_examples=N, batch_size=cfg.batch_size, l2_clip=cfg.l2_clip, delta=cfg.delta,
                     steps=steps, noise_multiplier=sigma, method=cfg.clipping, normalize=cfg.normalize, unit="user",
-                    batch_chunk=None)  # each call is already one physical chunk of ~chunk_rows positions
+                    batch_chunk=cfg.batch_chunk)
         state = dp.init(params, k_noise)
         accumulate, apply = dp.accumulate, dp.apply
     else:  # NON-PRIVATE reference: plain gradient sums, the same sampling, schedule and optimiser
