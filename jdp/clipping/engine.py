@@ -308,7 +308,7 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
         or a pytree of labels like params. A float l2_clip is split equally (C/sqrt(K) per group).
       memory_limit: bytes allowed for instantiated per-example gradients of one leaf (chunked beyond).
       batch_chunk: examples whose per-example pass runs together; the batch runs as a loop over such chunks
-        (`jax.lax.map`) and their clipped sums add up (the result is the same up to float rounding of the sum).
+        (`jax.lax.scan`) and their clipped sums add up (the result is the same up to float rounding of the sum).
         "auto" (default): on CPU, chunks whose per-example state (recorded layer inputs and output
         gradients, raw products, fallback gradients) is about CPU_CHUNK_BYTES, at least MIN_CHUNK examples
         (cache-sized: faster and smaller on the RNN and Transformer models of `benchmarks/clipping_external.py`),
@@ -393,16 +393,20 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
                 x = jnp.concatenate([x, extra])
             return x.reshape((nb, chunk) + x.shape[1:])
 
-        parts = jax.lax.map(lambda cw: clip(cw[0], cw[1], None, chunk),
-                            (jax.tree.map(split, batch), split(w, fill=0)))
+        def step(acc, part):            # the clipped sum accumulates in the carry (no [chunks, params] stack)
+            r = clip(part[0], part[1], None, chunk)
+            return jax.tree.map(jnp.add, acc, r.grad_sum), r.replace(grad_sum=None)
+
+        zeros = jax.tree.map(lambda x: jnp.zeros(np.shape(x), jnp.result_type(x)), params)
+        grad_sum, parts = jax.lax.scan(step, zeros, (jax.tree.map(split, batch), split(w, fill=0)))
 
         def rows(x):
             return None if x is None else x.reshape((nb * chunk,) + x.shape[2:])[:B]
 
         result = ClippedGrad(
-            grad_sum=jax.tree.map(lambda g: jnp.sum(g, axis=0), parts.grad_sum), norms=rows(parts.norms),
-            loss=rows(parts.loss), clip_factors=rows(parts.clip_factors), group_norms=rows(parts.group_norms),
-            num_nonfinite=jnp.sum(parts.num_nonfinite), sensitivity=sensitivity, partition_labels=labels)
+            grad_sum=grad_sum, norms=rows(parts.norms), loss=rows(parts.loss), clip_factors=rows(parts.clip_factors),
+            group_norms=rows(parts.group_norms), num_nonfinite=jnp.sum(parts.num_nonfinite),
+            sensitivity=sensitivity, partition_labels=labels)
     if all(_is_concrete(x) for x in jax.tree.leaves((params, batch, mask))) and int(result.num_nonfinite) > 0:
         raise ValueError(f"loss_fn produced a non-finite loss or gradient norm for {int(result.num_nonfinite)} "
                          "unit(s) of the batch")
