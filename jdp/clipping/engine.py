@@ -414,9 +414,10 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
 
 
 # `batch_chunk="auto"` on CPU: per-example state of one chunk (`_taps.per_example_bytes`) and the smallest chunk.
-# Measured in one process per model (2-core CPU, B = 256, time / temp memory relative to the non-private
-# gradient; whole batch -> chunks of 64 -> 32): LSTM 1.86x/1.79x -> 1.47x/0.55x -> 1.36x/0.44x, tied LM
-# 1.85x/1.44x -> 1.44x/0.51x -> 1.40x/0.27x. Not for models with convolutions: XLA's CPU convolutions run
+# Measured in one process per model (2-core CPU, B = 256, gradient only, time / temp memory relative to the
+# non-private gradient): LSTM classifier whole batch 1.95x/1.79x, chunks of 8 / 16 / 32 (auto) 2.55x / 1.61x /
+# 1.42x with the chunk sums stacked, 1.18x/0.23x for 32 with the sum in the scan carry; tied LM (chunks of 16,
+# auto) 1.18x/0.12x. Not for models with convolutions: XLA's CPU convolutions run
 # 4-14x slower inside the chunk loop (non-private MNIST CNN in 8 chunks 1030 vs 202 ms; DP ResNet-18/4 at
 # B = 128 3.9 vs 0.85 s; DP MNIST CNN 209 vs 189 ms at 0.24x the memory: `batch_chunk=32` is the user's call).
 CPU_CHUNK_BYTES = 8 << 20
