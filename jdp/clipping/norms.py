@@ -130,7 +130,11 @@ def describe(c: LeafContribs, method: str, memory_limit: int) -> dict:
 
 
 def _chunk_size(B: int, P: int, Q: int, memory_limit: int) -> int:
-    return int(max(1, min(B, memory_limit // max(1, 4 * P * Q))))
+    """Examples per chunk of instantiated [P, Q] gradients under memory_limit: a divisor of B when one is at
+    least half the limit's count (no padded copy of the factors), else the limit's count."""
+    limit = int(max(1, min(B, memory_limit // max(1, 4 * P * Q))))
+    divisor = max(d for d in range(1, limit + 1) if B % d == 0)
+    return divisor if 2 * divisor >= limit else limit
 
 
 def lookup_sq_norms(ids: jax.Array, R: jax.Array) -> jax.Array:

@@ -503,3 +503,14 @@ def test_packed_cell_kernels_instantiated_from_one_product_are_exact(monkeypatch
     tapped = {r["param"] for r in jc.explain(loss_fn, params, batch)[-1]["raw_products"] if r.get("scan_length") == 6}
     assert len(tapped) == 8 and all("kernel" in p for p in tapped)
     assert "btp,btq->bpq" in products  # the packed product's per-example gradients, formed once
+
+
+def test_instantiation_chunks_divide_the_batch_when_they_can():
+    """Instantiated per-example gradients are formed in chunks under memory_limit: a divisor of the batch when one
+    is at least half the limit's count (no padded copy of the factors), else the limit's count."""
+    from jdp.clipping.norms import _chunk_size
+    per_example = 4 * 20000 * 64                                   # a 20k x 64 embedding gradient
+    assert _chunk_size(16, 20000, 64, 6 * per_example) == 4        # limit 6: divisor 4 (6 would pad to 18)
+    assert _chunk_size(14, 20000, 64, 6 * per_example) == 6        # limit 6: divisors 1, 2 too small
+    assert _chunk_size(16, 20000, 64, 64 * per_example) == 16      # the whole batch fits
+    assert _chunk_size(16, 20000, 64, 1) == 1
