@@ -426,7 +426,8 @@ MIN_CHUNK = 16
 
 def _chunk_size_of(batch_chunk, plan, leaves, B: int) -> int:
     """Examples per chunk (B: the whole batch) for the `batch_chunk` argument."""
-    if check_batch_chunk(batch_chunk) is None:
+    batch_chunk = check_batch_chunk(batch_chunk)
+    if batch_chunk is None:
         return B
     if batch_chunk == "auto":
         if jax.default_backend() != "cpu" or any(site.kind == "conv" for site in plan.sites):
@@ -434,7 +435,7 @@ def _chunk_size_of(batch_chunk, plan, leaves, B: int) -> int:
         per_example = max(_taps.per_example_bytes(plan, leaves), 1)
         chunk = max(MIN_CHUNK, CPU_CHUNK_BYTES // per_example)
         return min(B, 1 << (int(chunk).bit_length() - 1))   # a power of two
-    return min(B, check_batch_chunk(batch_chunk))
+    return min(B, batch_chunk)
 
 
 def check_batch_chunk(batch_chunk):
