@@ -36,7 +36,8 @@ def evaluate(model: Any, params: Any, inputs: np.ndarray, targets: np.ndarray, k
     reatt: Re-Attention variances for DPFormer (the correction is part of the model).
     length_buckets: shorter windows for users with short histories (same scores, less compute). Every
     call is padded to `chunk` users or, for a smaller bucket, to the next power of two, so evaluations of
-    different user sets (validation, test) reuse the same few compiled shapes."""
+    different user sets (validation, test) reuse the same few compiled shapes. A `rank_fn` made with
+    `both_protocols=True` adds "other": the metrics under the other history protocol."""
     inputs, targets = np.asarray(inputs), np.asarray(targets)
     if inputs.ndim != 2 or targets.shape != (inputs.shape[0],):
         raise ValueError("inputs must be [U, L] and targets [U]")
@@ -62,6 +63,9 @@ def evaluate(model: Any, params: Any, inputs: np.ndarray, targets: np.ndarray, k
             out.append(r[:idx.size])
             order.append(idx)
     ranks = np.concatenate(out)
+    if ranks.ndim == 2:  # both protocols: this evaluation's first, the other second
+        return {**ndcg_hit_from_ranks(ranks[:, 0], k), "n_users": int(keep.size),
+                "other": ndcg_hit_from_ranks(ranks[:, 1], k)}
     return {**ndcg_hit_from_ranks(ranks, k), "n_users": int(keep.size)}
 
 
@@ -108,20 +112,26 @@ def baseline_metrics(data: Any, item_scores: np.ndarray | None = None, k: int = 
     return out
 
 
-def make_rank_fn_reatt(model: Any, mask_history: bool = False, reatt: dict | None = None):
+def make_rank_fn_reatt(model: Any, mask_history: bool = False, reatt: dict | None = None,
+                       both_protocols: bool = False):
     """ranks(params, inputs [b, L], targets [b]) -> 0-based rank of each target among all items. The
     Re-Attention variances are an input of the compiled program, not constants in it: a new release
-    (new seed or ε) reuses the compilation."""
+    (new seed or ε) reuses the compilation. `both_protocols`: ranks [b, 2], under `mask_history` and
+    under the other protocol, from one forward pass (one compilation serves both)."""
     @jax.jit
     def ranks_of(params, inputs, targets, reatt):
         scores = model.apply(params, inputs, deterministic=True, reatt=reatt, last_only=True)[:, -1]
         scores = scores.at[:, 0].set(-jnp.inf)
-        exclude = None
-        if mask_history:
+
+        def ranks(masked):
+            if not masked:
+                return rank_of_target(scores, targets, None)
             b = inputs.shape[0]
             exclude = jnp.zeros(scores.shape, bool).at[jnp.arange(b)[:, None], inputs].set(True)
-            exclude = exclude.at[:, 0].set(False)
-        return rank_of_target(scores, targets, exclude)
+            return rank_of_target(scores, targets, exclude.at[:, 0].set(False))
+        if both_protocols:
+            return jnp.stack([ranks(mask_history), ranks(not mask_history)], axis=1)
+        return ranks(mask_history)
     return functools.partial(ranks_of, reatt=reatt)
 
 

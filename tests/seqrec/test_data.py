@@ -140,6 +140,21 @@ def test_full_ranking_excludes_padding_and_optionally_history():
         evaluate(model, None, inputs, np.zeros(4, int), k=2)
 
 
+def test_one_rank_function_gives_both_history_protocols():
+    from jdp.seqrec.evaluate import make_rank_fn_reatt
+    rng = np.random.default_rng(1)
+    model = _FixedScores(rng.normal(size=(9, 9)))
+    inputs, targets = rng.integers(0, 9, (40, 4)), rng.integers(0, 9, 40)
+    for mask_history in (False, True):
+        both = evaluate(model, None, inputs, targets, k=3, chunk=16,
+                        rank_fn=make_rank_fn_reatt(model, mask_history, both_protocols=True))
+        this = evaluate(model, None, inputs, targets, k=3, chunk=16, mask_history=mask_history)
+        other = evaluate(model, None, inputs, targets, k=3, chunk=16, mask_history=not mask_history)
+        assert (both["ndcg"], both["hit"]) == (this["ndcg"], this["hit"])
+        assert both["other"] == {"ndcg": other["ndcg"], "hit": other["hit"]}
+    assert this["hit"] != other["hit"]  # the two protocols differ on this data
+
+
 def test_evaluation_pads_to_few_shapes_without_changing_the_metrics():
     from jdp.seqrec.evaluate import make_rank_fn_reatt
     rng = np.random.default_rng(0)
