@@ -124,8 +124,9 @@ def lookup_rows(ids: jax.Array, num_embeddings: int) -> jax.Array:
     return jnp.where((rows >= 0) & (rows < num_embeddings), rows, -1)
 
 
-def _site_contribs(plan, leaves, records, tap_grads, contribs, method):
-    """Turns recorded inputs and output gradients of each site into factored leaf contributions."""
+def _site_contribs(plan, leaves, records, tap_grads, contribs, method, in_loop=False):
+    """Turns recorded inputs and output gradients of each site into factored leaf contributions (`in_loop`:
+    see `_factored_grads`)."""
     for k in sorted(plan.allowed):
         site = plan.sites[k]
         x, g = records[k], tap_grads[k]
@@ -157,7 +158,7 @@ def _site_contribs(plan, leaves, records, tap_grads, contribs, method):
             read = _taps.conv_read_mask(site.conv, x.shape)
             xs = x if site.conv.dtype is None else x.astype(site.conv.dtype)   # as the layer casts it
             xs = xs if read is None else jnp.where(read, xs, 0)                 # the values the layer reads
-            if G == 1 and instantiate and K * cg > Q and T >= TRANSPOSED_CONV_MIN_POSITIONS:
+            if G == 1 and instantiate and K * cg > Q and T >= TRANSPOSED_CONV_MIN_POSITIONS and not in_loop:
                 # instantiated from the layer's own transposed convolution, without the im2col patches,
                 # which would be larger than the layer's output (K * C_in > C_out) and many (T positions).
                 # XLA runs it as ONE grouped convolution over the batch: each example's finiteness is checked
@@ -256,19 +257,21 @@ def _discover(loss_fn, leaves, treedef, batch, method):
     return plan
 
 
-def _factored_grads(loss_fn, leaves, treedef, batch, method, memory_limit, plan=None):
-    """Tapping plan, per-example losses [B] and the factored per-example gradient of every leaf."""
+def _factored_grads(loss_fn, leaves, treedef, batch, method, memory_limit, plan=None, in_loop=False):
+    """Tapping plan, per-example losses [B] and the factored per-example gradient of every leaf. `in_loop`:
+    the batch is one chunk of a loop, where XLA's CPU backend runs autodiff's transposed convolutions 5-20x
+    slower: conv sites are differentiated by `taps.conv_input_grad` and instantiated from patches."""
     B = _batch_size(batch)
     if plan is None:
         plan = _discover(loss_fn, leaves, treedef, batch, method)
 
     def pe(ex):
         ex1 = jax.tree.map(lambda x: x[None], ex)
-        return _taps.run_per_example(loss_fn, plan, leaves, treedef, ex1)
+        return _taps.run_per_example(loss_fn, plan, leaves, treedef, ex1, conv_input_grads=in_loop)
 
     losses, records, tap_grads, fb_grads, raw_records, raw_grads = jax.vmap(pe)(batch)
     contribs = {i: _norms.LeafContribs(tuple(np.shape(leaves[i]))) for i in range(len(leaves))}
-    _site_contribs(plan, leaves, records, tap_grads, contribs, method)
+    _site_contribs(plan, leaves, records, tap_grads, contribs, method, in_loop)
     _raw_contribs(plan, leaves, raw_records, raw_grads, contribs, method, memory_limit)
     for i, g in zip(plan.fallback, fb_grads):
         contribs[i].insts.append(g.reshape(B, -1).astype(jnp.float32))
@@ -311,8 +314,8 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
         (`jax.lax.scan`) and their clipped sums add up (the result is the same up to float rounding of the sum).
         "auto" (default): on CPU, chunks whose per-example state (recorded layer inputs and output
         gradients, raw products, fallback gradients) is about CPU_CHUNK_BYTES, at least MIN_CHUNK examples
-        (cache-sized: faster and smaller on the RNN and Transformer models of `benchmarks/clipping_external.py`),
-        except for models with convolutions (slower inside the loop on CPU); on GPU/TPU the whole batch.
+        (cache-sized: faster and smaller on the CNN, RNN and Transformer models of
+        `benchmarks/clipping_external.py`); on GPU/TPU the whole batch.
         None: the whole batch; an int: that many examples. With group_ids the whole batch (a unit's examples
         must be clipped together). A batch that is not a multiple is padded with masked-out rows.
       matmul_precision: precision of every matmul traced here (`jax.default_matmul_precision`).
@@ -394,7 +397,7 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
             return x.reshape((nb, chunk) + x.shape[1:])
 
         def step(acc, part):            # the clipped sum accumulates in the carry (no [chunks, params] stack)
-            r = clip(part[0], part[1], None, chunk)
+            r = clip(part[0], part[1], None, chunk, in_loop=True)
             return jax.tree.map(jnp.add, acc, r.grad_sum), r.replace(grad_sum=None)
 
         zeros = jax.tree.map(lambda x: jnp.zeros(np.shape(x), jnp.result_type(x)), params)
@@ -417,9 +420,11 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
 # Measured in one process per model (2-core CPU, B = 256, gradient only, time / temp memory relative to the
 # non-private gradient): LSTM classifier whole batch 1.95x/1.79x, chunks of 8 / 16 / 32 (auto) 2.55x / 1.61x /
 # 1.42x with the chunk sums stacked, 1.18x/0.23x for 32 with the sum in the scan carry; tied LM (chunks of 16,
-# auto) 1.18x/0.12x. Not for models with convolutions: XLA's CPU convolutions run
-# 4-14x slower inside the chunk loop (non-private MNIST CNN in 8 chunks 1030 vs 202 ms; DP ResNet-18/4 at
-# B = 128 3.9 vs 0.85 s; DP MNIST CNN 209 vs 189 ms at 0.24x the memory: `batch_chunk=32` is the user's call).
+# auto) 1.18x/0.12x. Convolutions too, since conv sites inside the loop are differentiated by
+# `taps.conv_input_grad` (autodiff's transposed convolutions ran 5-20x slower there: DP ResNet-18/4 at B = 128 in
+# chunks of 32 took 5.1 s vs 0.73 s whole; now 0.75 s): one DP Adam step ÷ non-private, same process, MNIST CNN
+# whole 1.45x/1.99x, chunks of 32 (auto) 0.94x/0.37x; ResNet-18/4 whole 1.57x/1.20x, chunks of 16 (auto)
+# 1.27x/0.52x.
 CPU_CHUNK_BYTES = 8 << 20
 MIN_CHUNK = 16
 
@@ -430,7 +435,7 @@ def _chunk_size_of(batch_chunk, plan, leaves, B: int) -> int:
     if batch_chunk is None:
         return B
     if batch_chunk == "auto":
-        if jax.default_backend() != "cpu" or any(site.kind == "conv" for site in plan.sites):
+        if jax.default_backend() != "cpu":
             return B
         per_example = max(_taps.per_example_bytes(plan, leaves), 1)
         chunk = max(MIN_CHUNK, CPU_CHUNK_BYTES // per_example)
@@ -448,10 +453,11 @@ def check_batch_chunk(batch_chunk):
 
 
 def _clip_batch(loss_fn, plan, leaves, treedef, params, Cs, leaf_label, labels, sensitivity, method, normalize,
-                memory_limit, batch, w, group_ids, N) -> ClippedGrad:
-    """`clipped_grad` on one batch (or chunk) with the 0/1 row indicator w [B] (validated by the caller)."""
+                memory_limit, batch, w, group_ids, N, in_loop=False) -> ClippedGrad:
+    """`clipped_grad` on one batch (or `in_loop`: one chunk of a loop) with the 0/1 row indicator w [B]
+    (validated by the caller)."""
     B = _batch_size(batch)
-    plan, losses, contribs = _factored_grads(loss_fn, leaves, treedef, batch, method, memory_limit, plan)
+    plan, losses, contribs = _factored_grads(loss_fn, leaves, treedef, batch, method, memory_limit, plan, in_loop)
     mth = "ghost" if method == "ghost" else "auto"
     K = len(labels)
 

@@ -52,6 +52,8 @@ def test_conv_layers_are_tapped_and_exact(model, shape, methods, groups):
     ref_sum, ref_norms = reference(loss_fn, params, batch, C)
     for method in methods:
         check(run(loss_fn, params, batch, l2_clip=C, method=method), ref_sum, ref_norms)
+        # in chunks (a loop): conv sites differentiated by `conv_input_grad`, instantiated from patches
+        check(run(loss_fn, params, batch, l2_clip=C, method=method, batch_chunk=2), ref_sum, ref_norms)
     if groups:                                                # user-level (pairwise) norms too
         gids = jnp.array([0, 1, 2, 0, 1])
         ref_sum, ref_norms = reference(loss_fn, params, batch, C, group_ids=gids, num_groups=3)
@@ -156,6 +158,37 @@ def test_conv_kernel_grads_equal_per_example_gradients_of_the_layer(kw):
     for b in range(4):
         want = jax.grad(lambda k: jnp.vdot(conv.apply({"params": {"kernel": k}}, x[b]), g[b]))(kernel)
         np.testing.assert_allclose(np.asarray(got[b]), np.asarray(want).reshape(-1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kw,shape", [
+    (dict(), (3, 9, 8, 4)), (dict(padding="VALID", strides=(2, 3)), (3, 9, 8, 4)),
+    (dict(kernel_dilation=(2, 1), strides=2), (3, 9, 8, 4)), (dict(padding=((1, 2), (0, 3)), strides=2), (3, 9, 8, 4)),
+    (dict(padding="SAME_LOWER", strides=2), (3, 9, 8, 4)), (dict(strides=3, padding="VALID"), (3, 11, 4)),
+    (dict(strides=(1, 2, 2)), (2, 5, 6, 7, 3))])
+def test_conv_input_grad_equals_autodiff(kw, shape):
+    """The explicit flipped-kernel convolution the engine differentiates conv sites with inside a loop."""
+    from jdp.clipping.taps import _input_grad_geometry, conv_input_grad
+    nd = len(shape) - 2
+    conv = nn.Conv(5, (3, 2, 2)[:nd] if nd != 1 else (3,), **kw)
+    x = jax.random.normal(jax.random.PRNGKey(0), shape)
+    kernel = conv.init(jax.random.PRNGKey(1), x)["params"]["kernel"]
+    y, vjp = jax.vjp(lambda x: conv.apply({"params": {"kernel": kernel, "bias": jnp.zeros(5)}}, x), x)
+    g = jax.random.normal(jax.random.PRNGKey(2), y.shape)
+    np.testing.assert_allclose(np.asarray(conv_input_grad(conv, kernel, x, g)), np.asarray(vjp(g)[0]),
+                               rtol=1e-5, atol=1e-5)
+    assert _input_grad_geometry(conv, kernel, x) is not None
+
+
+def test_conv_input_grad_leaves_other_convolutions_to_autodiff():
+    from jdp.clipping.taps import _input_grad_geometry
+    x, k = jnp.ones((2, 8, 8, 4)), jnp.ones((3, 3, 4, 6))
+    assert _input_grad_geometry(nn.Conv(6, (3, 3)), k, x) is not None
+    assert _input_grad_geometry(nn.Conv(6, (3, 3), feature_group_count=2), k[:, :, :2], x) is None
+    assert _input_grad_geometry(nn.Conv(6, (3, 3), padding="CIRCULAR"), k, x) is None
+    assert _input_grad_geometry(nn.Conv(6, (3, 3), input_dilation=2), k, x) is None
+    assert _input_grad_geometry(nn.Conv(6, (3, 3)), k.astype(jnp.bfloat16), x) is None
+    assert _input_grad_geometry(nn.Conv(6, (3, 3), dtype=jnp.bfloat16), k, x) is None
+    assert _input_grad_geometry(nn.Conv(6, (3, 3)), k, x[0]) is None            # no batch axis
 
 
 def test_conv_read_mask_is_where_the_patches_read_the_input():
