@@ -380,7 +380,12 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
         N = B
 
     plan = _discover(loss_fn, leaves, treedef, batch, method)
-    chunk = B if group_ids is not None else _chunk_size_of(batch_chunk, plan, leaves, B)
+    if group_ids is not None:
+        chunk = B
+    else:
+        limit = (_one_piece_limit(loss_fn, plan, leaves, treedef, batch, method, memory_limit)
+                 if _auto_chunks(batch_chunk) else None)
+        chunk = _chunk_size_of(batch_chunk, plan, leaves, B, limit)
     clip = functools.partial(_clip_batch, loss_fn, plan, leaves, treedef, params, Cs, leaf_label, labels,
                              sensitivity, method, normalize, memory_limit)
     if chunk >= B:
@@ -429,8 +434,31 @@ CPU_CHUNK_BYTES = 8 << 20
 MIN_CHUNK = 16
 
 
-def _chunk_size_of(batch_chunk, plan, leaves, B: int) -> int:
-    """Examples per chunk (B: the whole batch) for the `batch_chunk` argument."""
+def _auto_chunks(batch_chunk) -> bool:
+    return isinstance(batch_chunk, str) and batch_chunk == "auto" and jax.default_backend() == "cpu"
+
+
+def _one_piece_limit(loss_fn, plan, leaves, treedef, batch, method, memory_limit) -> int | None:
+    """Most examples whose per-example gradients of every leaf that the mixed rule instantiates fit
+    `memory_limit` at once (in a chunk of at most that many they are formed in one piece and kept for the
+    clipped sum: `norms.LeafContribs.dense`); None when no leaf is instantiated from products. Traced
+    abstractly on one example of the chunked pass."""
+    mth = "ghost" if method == "ghost" else "auto"
+    sizes = []
+
+    def trace(lv, b):
+        _, _, contribs = _factored_grads(loss_fn, lv, treedef, b, method, memory_limit, plan, in_loop=True)
+        sizes.extend(math.prod(c.pq) for c in contribs.values() if c.mats and _norms.choose_instantiate(c, mth))
+        return jnp.zeros(())
+
+    one = jax.tree.map(lambda x: jax.ShapeDtypeStruct((1,) + tuple(np.shape(x))[1:], jnp.result_type(x)), batch)
+    jax.eval_shape(trace, [jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)) for x in leaves], one)
+    return min((memory_limit // (4 * s) for s in sizes), default=None)
+
+
+def _chunk_size_of(batch_chunk, plan, leaves, B: int, one_piece: int | None = None) -> int:
+    """Examples per chunk (B: the whole batch) for the `batch_chunk` argument; `one_piece`: see
+    `_one_piece_limit` ("auto" stays at or below it)."""
     batch_chunk = check_batch_chunk(batch_chunk)
     if batch_chunk is None:
         return B
@@ -439,6 +467,8 @@ def _chunk_size_of(batch_chunk, plan, leaves, B: int) -> int:
             return B
         per_example = max(_taps.per_example_bytes(plan, leaves), 1)
         chunk = max(MIN_CHUNK, CPU_CHUNK_BYTES // per_example)
+        if one_piece is not None:
+            chunk = max(1, min(chunk, one_piece))
         return min(B, 1 << (int(chunk).bit_length() - 1))   # a power of two
     return min(B, batch_chunk)
 
@@ -602,7 +632,8 @@ def explain(loss_fn: Callable, params: Any, batch: Any, method: str = "auto",
                  "fallback": [paths[i] for i in plan.fallback],
                  "fallback_bytes": sum(described[paths[i]]["bytes"] for i in plan.fallback),
                  "per_example_bytes": _taps.per_example_bytes(plan, leaves),
-                 "batch_chunk": _chunk_size_of(batch_chunk, plan, leaves, B),
+                 "batch_chunk": _chunk_size_of(batch_chunk, plan, leaves, B, _one_piece_limit(
+                     loss_fn, plan, leaves, treedef, batch, method, memory_limit) if _auto_chunks(batch_chunk) else None),
                  "leaves": described})
     return rows
 

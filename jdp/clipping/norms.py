@@ -11,7 +11,8 @@ share W; cross-site terms are exact, never dropped):
   ||onehot^T R||^2      = sum_{t,u} [ids_t = ids_u] (R R^T)[t,u]
   cross(lookup, mat)    = sum_{t,u} L[u, ids_t] <R_l[t], R_m[u]>   (the corrected Phantom cross term)
 The mat part is either ghosted (O(T^2 (P+Q))) or instantiated (O(T P Q), chunked over the batch to cap
-memory), whichever is cheaper ("mixed ghost" rule on cost).
+memory), whichever is cheaper ("mixed ghost" rule on cost). Gradients instantiated in one piece are kept and
+weighted for the clipped sum (no second O(T P Q) product).
 """
 from __future__ import annotations
 
@@ -37,6 +38,9 @@ class LeafContribs:
     # arrays [B, ...] read only by the finiteness check: the inputs of a term computed from sanitised copies
     # (a transposed conv mixes examples in one op, so no non-finite value may enter it)
     checks: list = dataclasses.field(default_factory=list)
+    # U^T [B, Q, P] of the mats and insts, kept by `sq_norms_diag` when it instantiated them in one piece:
+    # `clipped_sum` then weights them (B·P·Q flops) instead of a second GEMM over the factors (B·T·P·Q)
+    dense: jax.Array | None = None
 
 
 def rows_finite(x: jax.Array) -> jax.Array:
@@ -194,15 +198,19 @@ def sq_norms_diag(c: LeafContribs, method: str, memory_limit: int) -> jax.Array:
         B = (c.mats[0][0] if c.mats else c.insts[0]).shape[0]
         chunk = _chunk_size(B, P, Q, memory_limit)
 
-        def one(args):
+        def instantiated(mats, insts):
             # U^T [b, Q, P]: with P >= Q (e.g. vocab x dim) the large factor stays the GEMM's
             # right operand in its stored layout (no transposed copy of the logit gradients).
-            mats, insts, lk = args
             Ut = 0.0
             for L, R in mats:
                 Ut = Ut + jnp.einsum("btq,btp->bqp", R, L)
             for u in insts:
                 Ut = Ut + jnp.swapaxes(u.reshape(u.shape[0], P, Q), 1, 2)
+            return Ut
+
+        def one(args, Ut=None):
+            mats, insts, lk = args
+            Ut = instantiated(mats, insts) if Ut is None else Ut
             out = jnp.sum(Ut * Ut, axis=(1, 2))
             if lk is not None:
                 lids, lR = lk
@@ -213,8 +221,11 @@ def sq_norms_diag(c: LeafContribs, method: str, memory_limit: int) -> jax.Array:
 
         lk = (ids, R_l) if c.lookups else None
         args = (list(c.mats), list(c.insts), lk)
-        if chunk >= B:
-            n2 = n2 + one(args)
+        if chunk >= B:  # in one piece: kept for `clipped_sum`
+            Ut = instantiated(c.mats, c.insts)
+            if c.mats:
+                c.dense = Ut
+            n2 = n2 + one(args, Ut)
         else:
             nb = -(-B // chunk)
             pad = nb * chunk - B
@@ -267,7 +278,9 @@ def clipped_sum(c: LeafContribs, weights: jax.Array) -> jax.Array:
     """sum_b weights_b U_b, shaped like the leaf (book-keeping: no second backward)."""
     P, Q = c.pq if c.pq is not None else (1, int(math.prod(c.shape)))
     out = jnp.zeros((P, Q), jnp.float32)
-    for L, R in c.mats:
+    if c.dense is not None:  # the mats and insts instantiated by `sq_norms_diag`
+        out = out + jnp.einsum("b,bqp->pq", weights.astype(c.dense.dtype), c.dense)
+    for L, R in ([] if c.dense is not None else c.mats):
         # scale the smaller factor (for Embed.attend, L holds the [B,T,vocab] logit gradients) and
         # keep the large one as the GEMM's right operand in its stored layout (3x faster on CPU)
         if P >= Q:
@@ -277,7 +290,7 @@ def clipped_sum(c: LeafContribs, weights: jax.Array) -> jax.Array:
     for ids, R in c.lookups:
         wR = (R * weights[:, None, None].astype(R.dtype)).reshape(-1, Q)
         out = out.at[ids.reshape(-1)].add(wR, mode="drop")
-    for u in c.insts:
+    for u in ([] if c.dense is not None else c.insts):
         out = out + jnp.einsum("b,bk->k", weights.astype(u.dtype), u).reshape(P, Q)
     return out.reshape(c.shape)
 

@@ -399,6 +399,29 @@ def test_batch_chunk_runs_the_batch_in_chunks_with_the_same_result(monkeypatch):
                       noise_multiplier=1.0, batch_chunk=bad)
 
 
+class TiedTiny(nn.Module):
+    @nn.compact
+    def __call__(self, ids):
+        embed = nn.Embed(50, 8)
+        return embed.attend(nn.tanh(embed(ids)))[:, -1]     # [B, 50] logits of the last position
+
+
+def test_auto_chunks_keep_instantiated_gradients_in_one_piece():
+    """"auto" takes chunks in which every instantiated per-example gradient fits `memory_limit` at once (the
+    50 x 8 tied embedding, 1,600 bytes per example: a limit of 3 examples -> chunks of 2), so they are kept
+    and weighted for the clipped sum instead of a second product; exact against vmap(grad)."""
+    ids = jax.random.randint(jax.random.PRNGKey(0), (7, 6), 0, 50)
+    batch = {"x": ids, "y": jnp.arange(7) % 50}
+    params, loss_fn, C = setup(TiedTiny(), batch, ids, 1)
+    rows = jc.explain(loss_fn, params, batch, memory_limit=3 * 4 * 50 * 8)
+    assert rows[-1]["leaves"]["['Embed_0']['embedding']"]["norm"] == "lookup + instantiated"
+    assert rows[-1]["batch_chunk"] == 2
+    assert jc.explain(loss_fn, params, batch)[-1]["batch_chunk"] == 7        # the default limit: one pass
+    ref_sum, ref_norms = reference(loss_fn, params, batch, C)
+    for limit in (3 * 4 * 50 * 8, 4 * 50 * 8 - 1):   # kept in chunks of 2; formed one example at a time
+        check(run(loss_fn, params, batch, l2_clip=C, memory_limit=limit), ref_sum, ref_norms)
+
+
 def test_long_lookup_norms_sum_repeated_ids_exactly():
     # sort-based norms of a long lookup (T = 300, many repeated ids) equal ||onehot^T R||^2 built densely
     from jdp.clipping.norms import lookup_sq_norms
