@@ -279,7 +279,9 @@ def clipped_sum(c: LeafContribs, weights: jax.Array) -> jax.Array:
     P, Q = c.pq if c.pq is not None else (1, int(math.prod(c.shape)))
     out = jnp.zeros((P, Q), jnp.float32)
     if c.dense is not None:  # the mats and insts instantiated by `sq_norms_diag`
-        out = out + jnp.einsum("b,bqp->pq", weights.astype(c.dense.dtype), c.dense)
+        # a dropped example's product of finite factors may overflow (its norm did): where, not 0 * inf = NaN
+        dense = jnp.where((weights != 0)[:, None, None], c.dense, 0.0)
+        out = out + jnp.einsum("b,bqp->pq", weights.astype(dense.dtype), dense)
     for L, R in ([] if c.dense is not None else c.mats):
         # scale the smaller factor (for Embed.attend, L holds the [B,T,vocab] logit gradients) and
         # keep the large one as the GEMM's right operand in its stored layout (3x faster on CPU)

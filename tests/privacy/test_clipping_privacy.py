@@ -281,6 +281,27 @@ def test_a_batch_run_in_chunks_equals_the_whole_batch_and_its_padding_adds_nothi
                                        rtol=1e-5, err_msg=name)
 
 
+def test_a_dropped_examples_overflowing_kept_gradient_never_reaches_the_clipped_sum():
+    """Per-example gradients instantiated in one piece are kept and weighted for the clipped sum
+    (`norms.LeafContribs.dense`). Example 1's factors are finite but their product overflows float32, so its
+    norm is inf and its weight 0: its kept gradient must be dropped with `where` (0 * inf would be NaN and
+    would poison the release), and the sum must equal the one from the factors."""
+    from jdp.clipping import norms
+    rng = np.random.default_rng(0)
+    L = jnp.asarray(rng.normal(size=(3, 8, 2)), jnp.float32).at[1].multiply(1e30)
+    R = jnp.asarray(rng.normal(size=(3, 8, 3)), jnp.float32).at[1].multiply(1e10)
+    c = norms.LeafContribs((2, 3), pq=(2, 3), mats=[(L, R)])
+    assert norms.choose_instantiate(c, "auto")
+    sq = norms.sq_norms_diag(c, "auto", 1 << 20)
+    assert c.dense is not None and not bool(jnp.isfinite(sq[1])) and bool(jnp.isfinite(sq[0])) and bool(jnp.isfinite(sq[2]))
+    assert not bool(jnp.all(jnp.isfinite(c.dense[1])))       # the overflow the weight must not touch
+    w = jnp.array([0.5, 0.0, 0.25])
+    got = norms.clipped_sum(c, w)
+    want = norms.clipped_sum(norms.LeafContribs((2, 3), pq=(2, 3), mats=[(L, R)]), w)  # from the factors
+    assert bool(jnp.all(jnp.isfinite(got)))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5)
+
+
 def test_mask_must_be_an_indicator():
     """Audit item 9: the mask selects examples, it never weights them (a weight of 2 would double an
     example's clipped contribution beyond the sensitivity)."""
