@@ -11,8 +11,8 @@ Measured on one machine in one run:
   `vmap_epoch_s` (the engine's exact vmap reference, a few steps only: it materialises B × params), each
   in its own process (peak RSS), on the same Poisson samples (same key), DPFormer d=64, 2 blocks, 1 head,
   dropout 0.5, batch 1024, the library's default length windows and chunk size;
-- `dp_chunked_epoch_s`: the same DP-SGD with `batch_chunk="auto"` inside each physical chunk (variant
-  `dp_chunked`, not in the default list);
+- `dp_whole_epoch_s`: the same DP-SGD with `batch_chunk=None` (each physical chunk in one pass instead of the
+  library default "auto"; variant `dp_whole`, not in the default list);
 - `dp_sampled_epoch_s`: the same DP-SGD with a sampled softmax (`--negatives` uniform negatives per step,
   beyond the paper; its quality is compared in the seqrec results).
 Epoch times are steady-state: (mean time of the steps that compiled no new chunk shape) × steps per
@@ -88,7 +88,7 @@ def variant(name: str, data_path: str, steps: int, negatives: int = 1024) -> dic
                       dropout=0.5, clipping="vmap" if name == "vmap" else "auto",
                       chunk_rows=256 if name == "vmap" else TrainConfig().chunk_rows,
                       negatives=negatives if name == "dp_sampled" else 0,
-                      batch_chunk="auto" if name == "dp_chunked" else None)
+                      batch_chunk=None if name == "dp_whole" else TrainConfig().batch_chunk)
     _, _, total = sampling_plan(data, cfg)
     per_epoch = int(np.ceil(data.n_users / cfg.batch_size))
     n = per_epoch if steps <= 0 else min(steps, total)

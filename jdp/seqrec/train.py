@@ -67,8 +67,9 @@ class TrainConfig:
     l2_clip: float = 1.0
     normalize: bool = False           # normalised clipping g·C/‖g‖ (the paper's choice) instead of min(1, C/‖g‖)
     clipping: str = "auto"            # jdp.clipping method ("vmap": the exact per-example reference)
-    batch_chunk: int | str | None = None  # jdp.clipping batch_chunk inside each physical chunk (None: one pass;
-                                      # each call is already a chunk of ~chunk_rows positions)
+    batch_chunk: int | str | None = "auto"  # jdp.clipping batch_chunk inside each physical chunk ("auto": on CPU
+                                      # chunks of 4 users whose per-user embedding gradients are kept for the
+                                      # clipped sum, DP epoch 47 s vs 64 s in one pass; None: one pass)
     d: int = 64
     heads: int = 1
     blocks: int = 2
