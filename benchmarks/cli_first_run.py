@@ -82,6 +82,11 @@ def render() -> None:
     for r in res["results"]:
         ok = "yes" if r["first_run_seconds"] <= r["target_seconds"] else "MISSED"
         lines.append(f"| `{r['command']}` | {r['first_run_seconds']:.1f} | {r['second_run_seconds']:.1f} | {ok} |")
+    again = [r for r in res["results"] if r.get("git_commit", res["git_commit"]) != res["git_commit"]]
+    if again:
+        lines += ["", "Re-measured alone (`--only`; the other rows are the run above): " + "; ".join(
+            f"{r['name']} at commit `{r['git_commit'][:10]}` ({r['date'][:10]})"
+            + (f", {r['note']}" if r.get("note") else "") for r in again) + "."]
     lines += ["", "`jdp seqrec --data synthetic` trains the 2-block DPFormer with DP-SGD for 2 epochs (16 steps of ~256 "
               "users × 20 positions, one compiled shape) and ranks the full catalogue; on a first run most of it is "
               "XLA compiling the clipped step (~4 s), the noisy update (~1.5 s), the initialisation and the ranking, "
