@@ -619,6 +619,8 @@ def explain(loss_fn: Callable, params: Any, batch: Any, method: str = "auto",
     with jax.default_matmul_precision("highest"):
         jax.eval_shape(trace, leaves, batch)
     plan = out["plan"]
+    one_piece = (_one_piece_limit(loss_fn, plan, leaves, treedef, batch, method, memory_limit)
+                 if _auto_chunks(batch_chunk) else None)
     rows = [{"site": s.index, "layer": s.layer, "method": s.method, "kind": s.kind,
              "tapped": s.index in plan.allowed, "params": [paths[i] for i in s.leaf_ids]} for s in plan.sites]
     described = {}
@@ -634,8 +636,7 @@ def explain(loss_fn: Callable, params: Any, batch: Any, method: str = "auto",
                  "fallback": [paths[i] for i in plan.fallback],
                  "fallback_bytes": sum(described[paths[i]]["bytes"] for i in plan.fallback),
                  "per_example_bytes": _taps.per_example_bytes(plan, leaves),
-                 "batch_chunk": _chunk_size_of(batch_chunk, plan, leaves, B, _one_piece_limit(
-                     loss_fn, plan, leaves, treedef, batch, method, memory_limit) if _auto_chunks(batch_chunk) else None),
+                 "batch_chunk": _chunk_size_of(batch_chunk, plan, leaves, B, one_piece),
                  "leaves": described})
     return rows
 
