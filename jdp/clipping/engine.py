@@ -385,9 +385,7 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
     if group_ids is not None:
         chunk = B
     else:
-        limit = (_one_piece_limit(loss_fn, plan, leaves, treedef, batch, method, memory_limit)
-                 if _auto_chunks(batch_chunk) else None)
-        chunk = _chunk_size_of(batch_chunk, plan, leaves, B, limit)
+        chunk = _chunk_size_of(batch_chunk, loss_fn, plan, leaves, treedef, batch, method, memory_limit)
     clip = functools.partial(_clip_batch, loss_fn, plan, leaves, treedef, params, Cs, leaf_label, labels,
                              sensitivity, method, normalize, memory_limit)
     if chunk >= B:
@@ -436,10 +434,6 @@ CPU_CHUNK_BYTES = 8 << 20
 MIN_CHUNK = 16
 
 
-def _auto_chunks(batch_chunk) -> bool:
-    return isinstance(batch_chunk, str) and batch_chunk == "auto" and jax.default_backend() == "cpu"
-
-
 def _one_piece_limit(loss_fn, plan, leaves, treedef, batch, method, memory_limit) -> int | None:
     """Most examples whose per-example gradients of every leaf that the mixed rule instantiates fit
     `memory_limit` at once (in a chunk of at most that many they are formed in one piece and kept for the
@@ -458,10 +452,10 @@ def _one_piece_limit(loss_fn, plan, leaves, treedef, batch, method, memory_limit
     return min((memory_limit // (4 * s) for s in sizes), default=None)
 
 
-def _chunk_size_of(batch_chunk, plan, leaves, B: int, one_piece: int | None = None) -> int:
-    """Examples per chunk (B: the whole batch) for the `batch_chunk` argument; `one_piece`: see
-    `_one_piece_limit` ("auto" stays at or below it)."""
-    batch_chunk = check_batch_chunk(batch_chunk)
+def _chunk_size_of(batch_chunk, loss_fn, plan, leaves, treedef, batch, method, memory_limit) -> int:
+    """Examples per chunk (B: the whole batch) for the `batch_chunk` argument; "auto" stays at or below
+    `_one_piece_limit`."""
+    batch_chunk, B = check_batch_chunk(batch_chunk), _batch_size(batch)
     if batch_chunk is None:
         return B
     if batch_chunk == "auto":
@@ -469,6 +463,7 @@ def _chunk_size_of(batch_chunk, plan, leaves, B: int, one_piece: int | None = No
             return B
         per_example = max(_taps.per_example_bytes(plan, leaves), 1)
         chunk = max(MIN_CHUNK, CPU_CHUNK_BYTES // per_example)
+        one_piece = _one_piece_limit(loss_fn, plan, leaves, treedef, batch, method, memory_limit)
         if one_piece is not None:
             chunk = max(1, min(chunk, one_piece))
         return min(B, 1 << (int(chunk).bit_length() - 1))   # a power of two
@@ -619,8 +614,6 @@ def explain(loss_fn: Callable, params: Any, batch: Any, method: str = "auto",
     with jax.default_matmul_precision("highest"):
         jax.eval_shape(trace, leaves, batch)
     plan = out["plan"]
-    one_piece = (_one_piece_limit(loss_fn, plan, leaves, treedef, batch, method, memory_limit)
-                 if _auto_chunks(batch_chunk) else None)
     rows = [{"site": s.index, "layer": s.layer, "method": s.method, "kind": s.kind,
              "tapped": s.index in plan.allowed, "params": [paths[i] for i in s.leaf_ids]} for s in plan.sites]
     described = {}
@@ -636,7 +629,8 @@ def explain(loss_fn: Callable, params: Any, batch: Any, method: str = "auto",
                  "fallback": [paths[i] for i in plan.fallback],
                  "fallback_bytes": sum(described[paths[i]]["bytes"] for i in plan.fallback),
                  "per_example_bytes": _taps.per_example_bytes(plan, leaves),
-                 "batch_chunk": _chunk_size_of(batch_chunk, plan, leaves, B, one_piece),
+                 "batch_chunk": _chunk_size_of(batch_chunk, loss_fn, plan, leaves, treedef, batch, method,
+                                               memory_limit),
                  "leaves": described})
     return rows
 
