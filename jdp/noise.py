@@ -85,15 +85,22 @@ def _mirror_upper(z: jax.Array, d: int) -> jax.Array:
 
 
 def keyed_gram_noise(key: jax.Array, ids: jax.Array, d: int, std_a: float | jax.Array, std_b: float | jax.Array,
-                     dtype=jnp.float32) -> tuple[jax.Array, jax.Array]:
+                     dtype=jnp.float32, gram_key: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """Noise for a batch of released statistics (A_t symmetric d×d, b_t ∈ R^d), one per id in `ids` [t]:
     `symmetric_gaussian` with std_a for A_t and iid N(0, std_b²) for b_t, drawn from the stream
     fold_in(key, id) of each id. The values depend on the id only, never on how ids are batched, ordered
     or sharded (so a sharded run equals an unsharded one). One draw of d(d+1)/2 + d normals per id; the
-    mirroring gather runs once on the whole batch (inside the per-id map it is several times slower)."""
+    mirroring gather runs once on the whole batch (inside the per-id map it is several times slower).
+    `gram_key`: A's noise comes from the streams fold_in(gram_key, id) instead, b's alone from fold_in(key, id)
+    (independent of A's when the keys differ): one A noise reused under a fixed gram_key while b's is fresh."""
     m = d * (d + 1) // 2
-    z = jax.vmap(lambda i: jax.random.normal(jax.random.fold_in(key, i), (m + d,), dtype))(ids)
-    return std_a * _mirror_upper(z[:, :m], d), std_b * z[:, m:]
+    if gram_key is None:
+        z = jax.vmap(lambda i: jax.random.normal(jax.random.fold_in(key, i), (m + d,), dtype))(ids)
+        za, zb = z[:, :m], z[:, m:]
+    else:
+        za = jax.vmap(lambda i: jax.random.normal(jax.random.fold_in(gram_key, i), (m,), dtype))(ids)
+        zb = jax.vmap(lambda i: jax.random.normal(jax.random.fold_in(key, i), (d,), dtype))(ids)
+    return std_a * _mirror_upper(za, d), std_b * zb
 
 
 def gaussian_histogram(key: jax.Array, counts, std: float):

@@ -56,12 +56,21 @@ def ssp_noise(noise_multiplier: float, beta: float, clip_x: float, clip_y: float
 
 
 def ssp_releases(noise_multiplier: float, beta: float, clip_x: float, clip_y: float, count: int = 1,
-                 prefix: str = "SSP") -> list[Release]:
-    """The two Gaussian releases (A and b) of `count` SSP solves, with the sensitivities of the module docstring."""
+                 prefix: str = "SSP", gram_count: int | None = None, gram_noise_ratio: float = 1.0) -> list[Release]:
+    """The two Gaussian releases (A and b) of `count` SSP solves, with the sensitivities of the module docstring.
+
+    `gram_count` (default `count`): how many distinct A are released; fewer when the features are public
+    constants, so that every solve's A is the same statistic and its one noisy release is reused (`solve_tasks`'
+    `gram_key`). `gram_noise_ratio`: A's noise multiplier over b's (A at r·σ, b at σ)."""
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")
+    gram_count = count if gram_count is None else gram_count
+    if not 1 <= gram_count <= count:
+        raise ValueError(f"gram_count must be in [1, count={count}], got {gram_count}")
+    check_positive(gram_noise_ratio, "gram_noise_ratio")
+    sigma_a = gram_noise_ratio * noise_multiplier
     sens_a, sens_b = float(math.sqrt(beta) * clip_x**2), float(math.sqrt(beta) * clip_x * clip_y)
-    return [Release(f"{prefix} A (Gram)", gaussian_event(noise_multiplier), sens_a, noise_multiplier * sens_a, count),
+    return [Release(f"{prefix} A (Gram)", gaussian_event(sigma_a), sens_a, sigma_a * sens_a, gram_count),
             Release(f"{prefix} b (rhs)", gaussian_event(noise_multiplier), sens_b, noise_multiplier * sens_b, count)]
 
 
@@ -166,7 +175,8 @@ def ridge_solve(a, b, lam, adaptive: bool = False, lapack: bool = True):
     return _cho_solve_jnp(l, b)
 
 
-def _solve_shard(feats, classes, class_tasks, stack_index, key, std_a, std_b, lam, count_ridge, noisy, lapack, stats):
+def _solve_shard(feats, classes, class_tasks, stack_index, key, gram_key, std_a, std_b, lam, count_ridge, noisy, lapack,
+                 stats):
     """Gram (+ noise) + ridge solve for one shard's tasks -> θ [block, d] (+ 2 columns Â_i[-1, -1], b̂_i[-1] if stats).
     The class Grams are stacked as they come (class by class) and solved in that order by ONE batched solve
     (independent LAPACK calls in one program can deadlock XLA's CPU thread pool); only the solutions are put
@@ -174,25 +184,27 @@ def _solve_shard(feats, classes, class_tasks, stack_index, key, std_a, std_b, la
     grams = [gram.class_gram(feats, *cl) for cl in classes]
     a, b = jnp.concatenate([g[0] for g in grams]), jnp.concatenate([g[1] for g in grams])
     if noisy:
-        na, nb = keyed_gram_noise(key, jnp.concatenate(class_tasks), feats.shape[1], std_a, std_b)
+        na, nb = keyed_gram_noise(key, jnp.concatenate(class_tasks), feats.shape[1], std_a, std_b, gram_key=gram_key)
         a, b = a + na, b + nb
     theta = ridge_solve(a, b, _task_ridge(a, lam, count_ridge), adaptive=noisy, lapack=lapack)
     out = jnp.concatenate([theta, a[:, -1, -1, None], b[:, -1, None]], axis=1) if stats else theta
     return jnp.concatenate([out, jnp.zeros((1, out.shape[1]), out.dtype)])[stack_index]
 
 
-def _solve_blocks(feats, classes, class_tasks, stack_index, key, std_a, std_b, lam, count_ridge, noisy, lapack, stats):
+def _solve_blocks(feats, classes, class_tasks, stack_index, key, gram_key, std_a, std_b, lam, count_ridge, noisy, lapack,
+                  stats):
     """Shards one after another (lax.map over the leading axis) -> θ [S·block, d (+ 2)]."""
     def one(args):
         cls, ct, si = args
-        return _solve_shard(feats, cls, ct, si, key, std_a, std_b, lam, count_ridge, noisy, lapack, stats)
+        return _solve_shard(feats, cls, ct, si, key, gram_key, std_a, std_b, lam, count_ridge, noisy, lapack, stats)
     out = jax.lax.map(one, (classes, class_tasks, stack_index))
     return out.reshape(-1, out.shape[-1])
 
 
 def solve_tasks(feats: jax.Array, classes, class_tasks, stack_index: jax.Array, key: jax.Array,
                 std_a: float, std_b: float, lam: float, mesh: Mesh | None = None, noisy: bool = True,
-                count_ridge: jax.Array | None = None, bias_stats: bool = False) -> jax.Array:
+                count_ridge: jax.Array | None = None, bias_stats: bool = False,
+                gram_key: jax.Array | None = None) -> jax.Array:
     """θ for every task slot [P·block, d] (index with `plan.flat_index`).
 
     feats [rows, d] is replicated; classes (`gram.device_arrays`), class_tasks (`gram.class_tasks`) and
@@ -208,10 +220,14 @@ def solve_tasks(feats: jax.Array, classes, class_tasks, stack_index: jax.Array, 
     (computed from released values only), or a ridge proportional to the count for the non-private reference.
     `bias_stats`: two more columns per task, Â_i[-1, -1] and b̂_i[-1] (the released noisy count and label sum
     of the constant feature), for post-processing such as an empirical-Bayes prior.
+    `gram_key`: A's noise is keyed by it (b's by `key`; `jdp.noise.keyed_gram_noise`). Passing the same gram_key
+    to solves whose A is the same statistic (public constant features, fixed weights) releases that A ONCE
+    (`ssp_releases(gram_count=1)`); the caller must make sure A is unchanged, e.g. by comparing the released
+    Â columns (`bias_stats`) across solves.
     """
     if count_ridge is None:  # every task keeps lam
         count_ridge = jnp.asarray([0.0, 0.0, 0.0, 1.0, 0.0, 1.0], jnp.float32)
-    args = (feats, classes, class_tasks, stack_index, key, std_a, std_b, lam, count_ridge)
+    args = (feats, classes, class_tasks, stack_index, key, gram_key, std_a, std_b, lam, count_ridge)
     if mesh is None or isinstance(feats, jax.core.Tracer):
         return _solve_tasks(*args, mesh=mesh, noisy=noisy, stats=bias_stats)
     home = feats.sharding if isinstance(feats, jax.Array) else jax.devices()[0]
@@ -221,22 +237,23 @@ def solve_tasks(feats: jax.Array, classes, class_tasks, stack_index: jax.Array, 
 
 
 @functools.partial(jax.jit, static_argnames=("mesh", "noisy", "stats"))
-def _solve_tasks(feats, classes, class_tasks, stack_index, key, std_a, std_b, lam, count_ridge, mesh, noisy, stats):
+def _solve_tasks(feats, classes, class_tasks, stack_index, key, gram_key, std_a, std_b, lam, count_ridge, mesh, noisy,
+                 stats):
     args = (classes, class_tasks, stack_index)
     if mesh is None:
-        return _solve_blocks(feats, *args, key, std_a, std_b, lam, count_ridge, noisy, True, stats)
+        return _solve_blocks(feats, *args, key, gram_key, std_a, std_b, lam, count_ridge, noisy, True, stats)
     spec = PartitionSpec("tasks")
     lapack = mesh.devices.flat[0].platform != "cpu"  # see ridge_solve: LAPACK deadlocks on a CPU mesh
 
-    def body(feats, classes, class_tasks, stack_index, key, std_a, std_b, lam, count_ridge):
-        return _solve_blocks(feats, classes, class_tasks, stack_index, key, std_a, std_b, lam, count_ridge, noisy,
-                             lapack, stats)
+    def body(feats, classes, class_tasks, stack_index, key, gram_key, std_a, std_b, lam, count_ridge):
+        return _solve_blocks(feats, classes, class_tasks, stack_index, key, gram_key, std_a, std_b, lam, count_ridge,
+                             noisy, lapack, stats)
 
     rep = PartitionSpec()
     class_specs = tuple((spec, spec, spec) for _ in classes)
     task_specs = tuple(spec for _ in class_tasks)
-    return jax.shard_map(body, mesh=mesh, in_specs=(rep, class_specs, task_specs, spec, rep, rep, rep, rep, rep),
-                         out_specs=spec, check_vma=False)(feats, *args, key, std_a, std_b, lam, count_ridge)
+    return jax.shard_map(body, mesh=mesh, in_specs=(rep, class_specs, task_specs, spec, rep, rep, rep, rep, rep, rep),
+                         out_specs=spec, check_vma=False)(feats, *args, key, gram_key, std_a, std_b, lam, count_ridge)
 
 
 def task_mesh(n_shards: int | None = None) -> Mesh | None:

@@ -83,13 +83,20 @@ def normalize_user_weights(omega: jax.Array, user: jax.Array, item: jax.Array, n
     return _scale_per_user(omega, user, item, int(n_users), beta, normalize=True)
 
 
-def adaptive_weights(counts: jax.Array, user: jax.Array, item: jax.Array, n_users: int, beta: float,
-                     mu: float, mode: str = "clip") -> jax.Array:
+def adaptive_weights(counts: jax.Array | None, user: jax.Array, item: jax.Array, n_users: int, beta: float,
+                     mu: float, mode: str = "clip", n_tasks: int | None = None) -> jax.Array:
     """Per-observation adaptive weights from private counts: eq. 16 then `clip` (default) or `normalize`.
 
     n_users is the PUBLIC size of the user population (see `task_weights`); duplicate (user, item)
-    pairs raise ValueError."""
-    omega = task_weights(counts, mu, n_users, beta)
+    pairs raise ValueError. `counts=None` (no counts released; give `n_tasks`, the public number of tasks):
+    ω_i = 1 for every task, the μ = 0 allocation without the total count, i.e. under `clip` a user with at
+    most β tasks keeps weight 1 on each and a heavier user's weights are scaled to Σ_i w_ij² = β."""
+    if counts is None:
+        if n_tasks is None:
+            raise ValueError("adaptive_weights without counts needs n_tasks (the public number of tasks)")
+        omega = jnp.ones(int(n_tasks), jnp.float32)
+    else:
+        omega = task_weights(counts, mu, n_users, beta)
     if mode == "clip":
         return clip_user_weights(omega, user, item, n_users, beta)
     if mode == "normalize":

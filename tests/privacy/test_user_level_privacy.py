@@ -8,6 +8,8 @@ routine records in its PrivacyReport.
 """
 import dataclasses
 
+import dp_accounting
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -60,7 +62,8 @@ def test_report_after_fit_is_the_event_calibration_used(ratings, method):
     assert model.noise_multiplier == sigma
     names = [r.name for r in rep.releases]
     assert names[:2] == ["global mean (sum)", "global mean (count)"]
-    assert ("item counts" in names) == Method.parse(method).needs_counts == (sigma_counts is not None)
+    assert ("item counts" in names) == plan.config.releases_counts == (sigma_counts is not None)
+    assert plan.config.releases_counts <= Method.parse(method).needs_counts
     for r in rep.releases:  # each release's noise std is its σ times its sensitivity
         s = sigma_mean if r.name.startswith("global mean") else sigma_counts if r.name == "item counts" else sigma
         assert r.noise_scale == pytest.approx(s * r.sensitivity, rel=1e-12)
@@ -496,3 +499,105 @@ def test_item_update_features_respect_the_bound_the_accountant_uses(dim, biases)
     d_b = math.sqrt(sum(np.sum((gy * xw) ** 2) for _ in range(k)))
     assert d_a == pytest.approx(math.sqrt(k) * bound**2, rel=1e-5)
     assert d_b == pytest.approx(math.sqrt(k) * bound * gy, rel=1e-5)
+
+
+# --------------------------------------------------------------------------------------------------
+# Rank 0: the Gram (a weighted count) is released once and reused; ada-dpals without counts.
+
+def test_keyed_gram_noise_with_a_gram_key_keys_a_and_b_apart():
+    """With `gram_key`, A's noise depends on gram_key only and b's on key only: a fixed gram_key reproduces A's
+    noise bit for bit under any step key, while b's noise is fresh each step and not A's draw."""
+    from jdp.noise import keyed_gram_noise
+    ids, g = jnp.arange(5), jax.random.key(1)
+    a1, b1 = keyed_gram_noise(jax.random.key(2), ids, 1, 1.0, 1.0, gram_key=g)
+    a2, b2 = keyed_gram_noise(jax.random.key(3), ids, 1, 1.0, 1.0, gram_key=g)
+    np.testing.assert_array_equal(np.asarray(a1), np.asarray(a2))
+    assert not np.allclose(np.asarray(b1), np.asarray(b2))
+    assert not np.allclose(np.asarray(a1)[:, 0, 0], np.asarray(b1)[:, 0])
+    a3, _ = keyed_gram_noise(jax.random.key(2), ids, 1, 1.0, 1.0, gram_key=jax.random.key(4))
+    assert not np.allclose(np.asarray(a1), np.asarray(a3))
+
+
+@pytest.mark.parametrize("method", ["ada-dpals", "dpals-uniform", "dpals-tail"])
+def test_rank0_gram_is_released_once_and_every_step_reuses_it(ratings, method):
+    """Rank 0, three steps: the report lists ONE A release (at √(Γb/τ₀)·σ) and three b releases, the
+    composition is exactly that, and every step's released Â is bit for bit the first step's (the item update
+    checks it) while b̂ moves with the user biases."""
+    from jdp.altmin import model as altmin_model
+    from jdp.altmin.model import bias_gram_noise_ratio
+    seen = []
+    original = altmin_model._RidgeItemUpdate._solve
+
+    def spy(self, feats, classes, key):
+        out = original(self, feats, classes, key)
+        seen.append(np.asarray(altmin_model._rows(out, self.flat_index))[:, -2:])
+        return out
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(altmin_model._RidgeItemUpdate, "_solve", spy)
+        model = fit(ratings, _cfg(method, dim=0, steps=3), seed=0)
+    cfg, rep = model.config, model.report
+    a = [r for r in rep.releases if r.name.endswith("A (Gram)")]
+    b = [r for r in rep.releases if r.name.endswith("b (rhs)")]
+    assert [r.count for r in a] == [1] and [r.count for r in b] == [3]
+    ratio = bias_gram_noise_ratio(cfg)
+    assert ratio == pytest.approx(np.sqrt(2.0))
+    assert a[0].noise_scale == pytest.approx(ratio * model.noise_multiplier * a[0].sensitivity, rel=1e-12)
+    pre = [r.composed_event() for r in rep.releases if not r.name.startswith("item update")]
+    manual = dp_accounting.ComposedDpEvent(pre + [dp_accounting.GaussianDpEvent(ratio * model.noise_multiplier),
+                                                  dp_accounting.SelfComposedDpEvent(
+                                                      dp_accounting.GaussianDpEvent(model.noise_multiplier), 3)])
+    assert rep.epsilon() == pytest.approx(compute_epsilon(manual, cfg.delta), rel=1e-9)
+    assert rep.epsilon() <= cfg.epsilon * (1 + 1e-6)
+    counts = [s[:, 0] for s in seen]
+    for c in counts[1:]:
+        np.testing.assert_array_equal(c, counts[0])
+    assert not np.allclose(seen[0][:, 1], seen[-1][:, 1])
+
+
+def test_rank0_item_update_refuses_a_changed_gram(ratings):
+    """Reusing A's noise is only private while A is unchanged: if a later step's Gram differed (here: the
+    constant feature changed), the item update raises instead of releasing A again under the same noise."""
+    from jdp.altmin import model as altmin_model
+    cfg = plan_run(_cfg("dpals-uniform", dim=0, steps=2), ratings.n_users, ratings.n_items).config
+    plan = plan_run(cfg, ratings.n_users, ratings.n_items)
+    weights = np.ones(ratings.nnz, np.float32) * 0.5
+    update = altmin_model._RidgeItemUpdate(ratings, weights, cfg, plan.noise, {}, gram_key=jax.random.key(9))
+    feats = jnp.full((ratings.n_users, 1), cfg.bias_clip, jnp.float32)
+    labels = jnp.asarray(np.clip(ratings.rating - 3.0, -1, 1), jnp.float32)
+    v, c = jnp.zeros((ratings.n_items, 0)), jnp.zeros(ratings.n_items)
+    update(v, c, feats, labels, jax.random.key(1))
+    update(v, c, feats, 0.5 * labels, jax.random.key(2))  # new labels: fine (b is released each step)
+    with pytest.raises(RuntimeError, match="changed between steps"):
+        update(v, c, 2 * feats, labels, jax.random.key(3))
+
+
+def test_ada_dpals_without_resolvable_counts_releases_none_and_reads_none(ratings):
+    """When the counts' noise would exceed the mean public count, ada-dpals releases no counts (the report has no
+    'item counts', all of ε goes to the item update) and never computes them; its weights are ω_i = 1 clipped per
+    user, within the budget. At large ε the counts are released as before."""
+    from jdp.altmin import model as altmin_model
+    calls = []
+    original = altmin_model.private_counts
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(altmin_model, "private_counts", spy)
+        low = fit(ratings, _cfg("ada-dpals", epsilon=0.5), seed=0)
+        assert not low.config.adaptive_counts and not calls
+        assert "item counts" not in [r.name for r in low.report.releases]
+        assert low.report.epsilon() == pytest.approx(0.5, rel=1e-3)
+        high = fit(ratings, _cfg("ada-dpals", epsilon=200.0), seed=0)
+        assert high.config.adaptive_counts and calls
+        assert "item counts" in [r.name for r in high.report.releases]
+    w = np.asarray(W.adaptive_weights(None, jnp.asarray(ratings.user), jnp.asarray(ratings.item), ratings.n_users,
+                                      100.0, 0.25, n_tasks=ratings.n_items))
+    ref = np.asarray(W.clip_user_weights(jnp.ones(ratings.n_items), jnp.asarray(ratings.user),
+                                         jnp.asarray(ratings.item), ratings.n_users, 100.0))
+    np.testing.assert_array_equal(w, ref)
+    assert np.bincount(ratings.user, weights=w.astype(np.float64) ** 2).max() <= 100.0
+    with pytest.raises(ValueError, match="n_tasks"):
+        W.adaptive_weights(None, jnp.asarray(ratings.user), jnp.asarray(ratings.item), ratings.n_users, 100.0, 0.25)
