@@ -183,6 +183,7 @@ def measure(loss_fn, params, batch, methods, reps, budget, max_seconds, step_tim
     # methods run under a time cap go last, alone, after every other method's repeats (see below)
     capped = {k: compiled.pop(k) for k in list(compiled) if step_time_cap and k in CAPPED_METHODS}
     times = {k: [] for k in compiled}
+    rounds = []  # one {method: seconds} per round of interleaved repeats, for paired ratios
     for name, (c, state) in compiled.items():     # warm-up
         t0 = time.perf_counter()
         try:
@@ -193,6 +194,7 @@ def measure(loss_fn, params, batch, methods, reps, budget, max_seconds, step_tim
             continue
         rows[name]["first_step_seconds"] = time.perf_counter() - t0
     for _ in range(reps):
+        rounds.append({})
         for name in list(times):
             c, state = compiled[name]
             if len(times[name]) >= 1 and rows[name]["first_step_seconds"] * (len(times[name]) + 1) > max_seconds:
@@ -200,6 +202,7 @@ def measure(loss_fn, params, batch, methods, reps, budget, max_seconds, step_tim
             t0 = time.perf_counter()
             jax.block_until_ready(c(params, state, batch, mask))
             times[name].append(time.perf_counter() - t0)
+            rounds[-1][name] = times[name][-1]
     for name, ts in times.items():
         if not ts:
             ts = [rows[name]["first_step_seconds"]]
@@ -224,6 +227,9 @@ def measure(loss_fn, params, batch, methods, reps, budget, max_seconds, step_tim
         row = r
         if name != "nonprivate" and "step_seconds" in r and "step_seconds" in base:
             row["dp_over_nonprivate"] = r["step_seconds"] / base["step_seconds"]
+            paired = [t[name] / t["nonprivate"] for t in rounds if name in t and "nonprivate" in t]
+            if paired:  # the ratio within each round (same machine state), then the median over rounds
+                row["dp_over_nonprivate_paired_median"] = float(np.median(paired))
         if "step_seconds_lower_bound" in r and "step_seconds" in base:
             row["dp_over_nonprivate_lower_bound"] = r["step_seconds_lower_bound"] / base["step_seconds"]
         if name != "nonprivate" and "peak_memory_bytes" in r and "peak_memory_bytes" in base:
