@@ -12,7 +12,7 @@ public sizes and σ (`default_dim`: 0, biases only, when one direction's signal-
 the item ridge grows with the noise (`item_ridge`), so as ε shrinks the released c shrinks to 0 and
 the model tends to the zero-cost one (prior + each user's own bias, `zero_cost_model`). Budget allocation across a user's items: uniform sampling of k items, tail-biased sampling
 of the k items with the smallest private counts, or adaptive weights n̂_i^(−μ) clipped per user to
-Σ_i w_ij² ≤ k (ada-dpals: ω_i = 1 when the counts' noise would exceed the mean count, `counts_resolvable`).
+Σ_i w_ij² ≤ k (ω_i = 1 without counts when they would be of no use, `counts_useful`).
 At rank 0 every step's Gram is the same weighted count, released once (`_gram_released_once`). Pre-processing (private item counts, private global mean) is accounted too: the
 PrivacyReport lists every release and composes them with dp_accounting.
 
@@ -151,10 +151,10 @@ class AltMinConfig:
                                          # rating noise to user-bias variance, (σ_r / σ_b)² ≈ (1 / 0.45)², in
                                          # units of the rating scale (scale-free, so public)
     count_fraction: float = 0.12         # ε share that sets the noise of the private item counts
-    adaptive_counts: bool | None = None  # ada-dpals: release the item counts for the weights n̂_i^(−μ). None: only
-                                         # when their noise std is below the mean count the public sizes imply
-                                         # (`counts_resolvable`); without them ω_i = 1 (μ = 0: every rating of a
-                                         # user weighs min(1, √(k/n_j))) and all of ε goes to the item update
+    adaptive_counts: bool | None = None  # ada-*: release the item counts for the weights n̂_i^(−μ). None: only when
+                                         # they are of use (`counts_useful`, from public sizes and σ); without them
+                                         # ω_i = 1 (μ = 0: every rating of a user weighs min(1, √(k/n_j))) and all
+                                         # of ε goes to the item update
     center_fraction: float = 0.1         # ε share of the private global mean (global_mean='private' only)
     sgd_inner_steps: int = 4             # noisy GD updates per outer step (dpsgd-*)
     sgd_clip: float = 1.0                # per-user gradient clip C (dpsgd-*)
@@ -243,10 +243,10 @@ class AltMinConfig:
 
     @property
     def releases_counts(self) -> bool:
-        """Whether a fit releases private item counts: tail sampling and the adaptive weights of noisy GD always;
-        ada-dpals unless `adaptive_counts` is False (`plan_run` resolves None from public sizes)."""
+        """Whether a fit releases private item counts: tail sampling always; the adaptive methods unless
+        `adaptive_counts` is False (`plan_run` resolves None by `counts_useful`)."""
         method = self.parsed_method
-        if method.allocation == "adaptive" and method.rule == RIDGE:
+        if method.allocation == "adaptive":
             return self.adaptive_counts is not False
         return method.needs_counts
 
@@ -495,18 +495,14 @@ def plan_run(cfg: AltMinConfig, n_users: int, n_items: int) -> RunPlan:
     its noise multipliers and its releases; `fit` and `candidate_event` both use it, so the accounted event is
     the one that runs. An unset dim comes from `default_dim`; when that is 0 (biases only) and steps were not
     set, the SSP methods take `default_bias_steps` steps (1 or 2) and noisy GD one, and σ is recalibrated.
-    ada-dpals releases item counts only when `counts_resolvable` (unless the caller set `adaptive_counts`). The
-    noisy-GD methods
+    The adaptive methods release item counts only when `counts_useful` (unless the caller set
+    `adaptive_counts`). The noisy-GD methods
     default to rank 0 (their default step size does not learn factors from a random start)."""
     steps_given = cfg.steps is not None
     cfg = cfg.resolve()
     if not cfg.private:
         return RunPlan(cfg, None, run_releases(cfg, None))
     noise = calibrate_noise(cfg)
-    if cfg.adaptive_counts is None and cfg.parsed_method.allocation == "adaptive" and cfg.parsed_method.rule == RIDGE:
-        cfg = dataclasses.replace(cfg, adaptive_counts=counts_resolvable(n_users, n_items, cfg.budget, noise.counts))
-        if not cfg.adaptive_counts:
-            noise = calibrate_noise(cfg)
     if cfg.dim is None:
         g, g0 = cfg.user_clip, cfg.bias_clip
         share = g**2 / (g**2 + g0**2) if cfg.biases else 1.0
@@ -526,6 +522,10 @@ def plan_run(cfg: AltMinConfig, n_users: int, n_items: int) -> RunPlan:
             cfg = dataclasses.replace(cfg, steps=steps)
         if dim == 0 and (not steps_given or _gram_released_once(cfg)):
             noise = calibrate_noise(cfg)  # the steps or the releases (rank 0: A once) changed: spend exactly ε again
+    if cfg.adaptive_counts is None and cfg.parsed_method.allocation == "adaptive":
+        cfg = dataclasses.replace(cfg, adaptive_counts=counts_useful(cfg, noise, n_users, n_items))
+        if not cfg.adaptive_counts:
+            noise = calibrate_noise(cfg)  # no count release: all of ε to the item update
     return RunPlan(cfg, noise, run_releases(cfg, noise))
 
 
@@ -645,16 +645,24 @@ def _direction_snr(n_users: int, n_items: int, budget: int, noise_multiplier: fl
     return signal_share * per_item / (2 * noise_multiplier * math.sqrt(budget))
 
 
-def counts_resolvable(n_users: int, n_items: int, budget: int, count_noise_multiplier: float) -> bool:
-    """Whether released item counts can steer ada-dpals' weights, from PUBLIC quantities only: their noise std
-    σ_c·√k (`count_releases`) is below the mean count the declared sizes imply, min(n_users·k/n_items, n_users).
-    Noisier counts give every item a near-random ω_i = n̂_i^(−μ) and take count_fraction of ε from the item update
-    (the released Â already carries the counts for the solve), so ada-dpals then allocates with ω_i = 1 instead.
-    Measured on ML-100K (validation RMSE, seeds 0-4, count noise / mean count 5.2 / 2.7 / 1.15 / 0.61 / 0.33 at
-    ε = 1 / 2 / 5 / 10 / 20): without vs with counts 1.0263 / 1.0068 / 0.9833 / 0.9669 / 0.9565 vs
-    1.0320 / 1.0153 / 0.9861 / 0.9663 / 0.9544."""
-    mean_count = min(n_users * budget / n_items, float(n_users))
-    return count_noise_multiplier * math.sqrt(budget) < mean_count
+def counts_useful(cfg: AltMinConfig, noise: NoiseMultipliers, n_users: int, n_items: int) -> bool:
+    """Whether an adaptive method (`ada-dpals`, `ada-dpsgd`) releases item counts, from PUBLIC quantities and the
+    noise multipliers only (resolved cfg with its final dim and steps). The counts steer the weights
+    ω_i = n̂_i^(−μ) only when resolvable: their noise std σ_c·√k (`count_releases`) is below the mean count the
+    declared sizes imply, min(n_users·k/n_items, n_users); noisier counts make ω_i near random while taking
+    count_fraction of ε from the item update. Noisy GD also reads them for its per-item step caps
+    (`item_step_sizes`), which bind only when the early-stopping step exceeds the cap that is safe without counts
+    (every item rated by every user). Without counts every item gets ω_i = 1 (μ = 0: a user's weights
+    min(1, √(k/n_j))), and the SSP solve still reads each item's count from its released Gram.
+    Measured on ML-100K (validation RMSE, ada-dpals, seeds 0-4, count noise / mean count 5.2 / 2.7 / 1.15 /
+    0.61 / 0.33 at ε = 1 / 2 / 5 / 10 / 20): without vs with counts 1.0263 / 1.0068 / 0.9833 / 0.9669 / 0.9565
+    vs 1.0320 / 1.0153 / 0.9861 / 0.9663 / 0.9544."""
+    mean_count = min(n_users * cfg.budget / n_items, float(n_users))
+    resolvable = noise.counts * math.sqrt(cfg.budget) < mean_count
+    if resolvable or cfg.parsed_method.rule == RIDGE:
+        return resolvable
+    lr, clip_level = _early_stopping_step(cfg, noise, n_users, n_items)
+    return lr > SGD_STEP / (clip_level * cfg.item_feature_bound ** 2)  # the cap for ω_i = 1, n_i ≤ n_users
 
 
 def default_bias_steps(n_users: int, n_items: int, budget: int, noise_multiplier: float) -> int:
@@ -879,7 +887,7 @@ class _NoisyGDItemUpdate:
         self.task_lr = None
         if cfg.sgd_lr is None:
             omega = (adaptive_item_weights(counts, cfg, train.n_users)
-                     if cfg.parsed_method.allocation == "adaptive" else None)
+                     if cfg.parsed_method.allocation == "adaptive" and counts is not None else None)
             self.task_lr = item_step_sizes(cfg, noise, counts, train.n_users, train.n_items, omega)
 
     def __call__(self, v: jax.Array, c: jax.Array, feats: jax.Array, labels: jax.Array, key: jax.Array) -> jax.Array:
@@ -917,17 +925,23 @@ def item_step_sizes(cfg: AltMinConfig, noise: NoiseMultipliers, counts: np.ndarr
     Measured (ML-100K, validation RMSE, ada-dpsgd, 2 splits): ε = 5 0.977 and ε = 20 0.957 with these steps,
     vs 1.04 with the former global step 0.5 (the biases barely moved) and 0.978 with a hand-picked global 64.
     """
-    x2, g0, k, clip = cfg.item_feature_bound ** 2, cfg.bias_clip, cfg.budget, cfg.sgd_clip
+    x2, k = cfg.item_feature_bound ** 2, cfg.budget
+    lr, clip_level = _early_stopping_step(cfg, noise, n_users, n_items)
+    w = np.ones(n_items) if omega is None else np.asarray(omega, np.float64)
+    n_hi = (np.full(n_items, float(n_users)) if counts is None
+            else np.minimum(np.asarray(counts, np.float64) + COUNT_UCB * noise.counts * math.sqrt(k), n_users))
+    return np.minimum(lr, SGD_STEP * n_users / (clip_level * x2 * w * n_hi)).astype(np.float32)
+
+
+def _early_stopping_step(cfg: AltMinConfig, noise: NoiseMultipliers, n_users: int, n_items: int) -> tuple[float, float]:
+    """(the early-stopping step size of `item_step_sizes`, the typical clip factor s̄): public values and σ only."""
+    g0, k, clip = cfg.bias_clip, cfg.budget, cfg.sgd_clip
     s2, tau2 = _bias_priors(cfg)
     clip_level = min(1.0, clip / (cfg.item_feature_bound * math.sqrt(s2 * k)))
     mean_count = min(n_users * k / n_items, float(n_users))
     noise_var = (noise.training * clip / (clip_level * g0)) ** 2
     n0 = (s2 + noise_var / mean_count) / tau2
-    lr = n_users / (cfg.sgd_inner_steps * cfg.steps * clip_level * g0**2 * n0)
-    w = np.ones(n_items) if omega is None else np.asarray(omega, np.float64)
-    n_hi = (np.full(n_items, float(n_users)) if counts is None
-            else np.minimum(np.asarray(counts, np.float64) + COUNT_UCB * noise.counts * math.sqrt(k), n_users))
-    return np.minimum(lr, SGD_STEP * n_users / (clip_level * x2 * w * n_hi)).astype(np.float32)
+    return n_users / (cfg.sgd_inner_steps * cfg.steps * clip_level * g0**2 * n0), clip_level
 
 
 def item_update_features(user_factors: jax.Array, cfg: AltMinConfig) -> jax.Array:

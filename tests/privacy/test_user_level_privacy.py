@@ -572,10 +572,12 @@ def test_rank0_item_update_refuses_a_changed_gram(ratings):
         update(v, c, 2 * feats, labels, jax.random.key(3))
 
 
-def test_ada_dpals_without_resolvable_counts_releases_none_and_reads_none(ratings):
-    """When the counts' noise would exceed the mean public count, ada-dpals releases no counts (the report has no
-    'item counts', all of ε goes to the item update) and never computes them; its weights are ω_i = 1 clipped per
-    user, within the budget. At large ε the counts are released as before."""
+@pytest.mark.parametrize("method", ["ada-dpals", "ada-dpsgd"])
+def test_adaptive_methods_without_useful_counts_release_none_and_read_none(ratings, method):
+    """When the counts would be of no use (noise above the mean public count; for noisy GD also no step cap that
+    needs them), an adaptive method releases no counts (the report has no 'item counts', all of ε goes to the
+    item update) and never computes them; its weights are ω_i = 1 clipped per user, within the budget. At large
+    ε the counts are released as before."""
     from jdp.altmin import model as altmin_model
     calls = []
     original = altmin_model.private_counts
@@ -586,11 +588,11 @@ def test_ada_dpals_without_resolvable_counts_releases_none_and_reads_none(rating
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(altmin_model, "private_counts", spy)
-        low = fit(ratings, _cfg("ada-dpals", epsilon=0.5), seed=0)
+        low = fit(ratings, _cfg(method, epsilon=0.2), seed=0)
         assert not low.config.adaptive_counts and not calls
         assert "item counts" not in [r.name for r in low.report.releases]
-        assert low.report.epsilon() == pytest.approx(0.5, rel=1e-3)
-        high = fit(ratings, _cfg("ada-dpals", epsilon=200.0), seed=0)
+        assert low.report.epsilon() == pytest.approx(0.2, rel=1e-3)
+        high = fit(ratings, _cfg(method, epsilon=200.0), seed=0)
         assert high.config.adaptive_counts and calls
         assert "item counts" in [r.name for r in high.report.releases]
     w = np.asarray(W.adaptive_weights(None, jnp.asarray(ratings.user), jnp.asarray(ratings.item), ratings.n_users,
