@@ -716,6 +716,8 @@ def fit(train: Interactions, cfg: AltMinConfig, seed: int | None = None, *, tune
     cfg, noise = plan.config, plan.noise
     for release in plan.releases:
         report.add_release(release)
+    if cfg.parsed_method.allocation == "adaptive" and not cfg.releases_counts:
+        report.assume("adaptive weights without item counts (counts_useful: of no use at this noise): ω_i = 1")
 
     # Pre-processing: the global mean μ and the budget allocation (weights with Σ_i w_ij² ≤ k per user).
     mean = _global_mean(train, cfg, noise, k_mean, report)

@@ -591,6 +591,7 @@ def test_adaptive_methods_without_useful_counts_release_none_and_read_none(ratin
         low = fit(ratings, _cfg(method, epsilon=0.2), seed=0)
         assert not low.config.adaptive_counts and not calls
         assert "item counts" not in [r.name for r in low.report.releases]
+        assert any("without item counts" in a for a in low.report.assumptions)
         assert low.report.epsilon() == pytest.approx(0.2, rel=1e-3)
         high = fit(ratings, _cfg(method, epsilon=200.0), seed=0)
         assert high.config.adaptive_counts and calls
