@@ -10,11 +10,12 @@ item bias, so ‖x_j‖ ≤ √(Γ² + γ₀²) enters the sensitivity) and the 
 (|y| ≤ Γy) as labels. Graceful degradation is a property of the defaults: the rank comes from the
 public sizes and σ (`default_dim`: 0, biases only, when one direction's signal-to-noise is below 4) and
 the item ridge grows with the noise (`item_ridge`), so as ε shrinks the released c shrinks to 0 and
-the model tends to the zero-cost one (prior + each user's own bias, `zero_cost_model`). Budget allocation across a user's items: uniform sampling of k items, tail-biased sampling
-of the k items with the smallest private counts, or adaptive weights n̂_i^(−μ) clipped per user to
-Σ_i w_ij² ≤ k (ω_i = 1 without counts when they would be of no use, `counts_useful`).
-At rank 0 every step's Gram is the same weighted count, released once (`_gram_released_once`). Pre-processing (private item counts, private global mean) is accounted too: the
-PrivacyReport lists every release and composes them with dp_accounting.
+the model tends to the zero-cost one (prior + each user's own bias, `zero_cost_model`). Budget
+allocation across a user's items: uniform sampling of k items, tail-biased sampling of the k items with
+the smallest private counts, or adaptive weights n̂_i^(−μ) clipped per user to Σ_i w_ij² ≤ k (ω_i = 1
+without counts when they would be of no use, `counts_useful`). At rank 0 every step's Gram is the same
+weighted count, released once (`_gram_released_once`). Pre-processing (private item counts, private
+global mean) is accounted too: the PrivacyReport lists every release and composes them with dp_accounting.
 
 `als` is the NON-PRIVATE reference (exact mean, no noise, all ratings): never a default.
 
@@ -801,7 +802,7 @@ def _allocation_weights(train: Interactions, cfg: AltMinConfig, noise: NoiseMult
         weights = uniform_sampling_weights(k_weights, user, k)
     elif method.allocation == "tail":
         weights = tail_sampling_weights(k_weights, user, item, counts, k)
-    else:  # without counts (ada-dpals, counts not resolvable): ω_i = 1
+    else:  # without counts (`counts_useful` said no): ω_i = 1
         weights = adaptive_weights(counts, user, item, train.n_users, float(k), cfg.mu, cfg.weight_mode,
                                    n_tasks=train.n_items)
     weights = np.asarray(weights)
