@@ -199,6 +199,10 @@ class AltMinConfig:
                 raise ValueError(f"{name} must be in (0, 1), got {getattr(self, name)}")
         if self.count_fraction + self.center_fraction >= 1:
             raise ValueError("count_fraction + center_fraction must be < 1")
+        if self.adaptive_counts is not None and (not isinstance(self.adaptive_counts, bool)
+                                                 or self.parsed_method.allocation != "adaptive"):
+            raise ValueError(f"adaptive_counts must be None, True or False, and only for the adaptive methods "
+                             f"(ada-dpals, ada-dpsgd); got {self.adaptive_counts!r} for {self.method!r}")
         if self.weight_mode not in ("clip", "normalize"):
             raise ValueError(f"weight_mode must be 'clip' or 'normalize', got {self.weight_mode!r}")
         global_mean = self.global_mean if self.global_mean is not None else ("prior" if self.private else "exact")
@@ -433,11 +437,10 @@ def _item_update_releases(cfg: AltMinConfig, sigma: float) -> list[Release]:
     labels |y| ≤ Γy, Σ_i w_ij² ≤ k), or one noisy-GD step per inner update."""
     if cfg.parsed_method.rule == NOISY_GD:
         return noisy_gd_releases(_noisy_gd_config(cfg, sigma), count=cfg.steps, prefix="item update (noisy GD)")
-    if _gram_released_once(cfg):
-        return ssp_releases(sigma, float(cfg.budget), cfg.item_feature_bound, cfg.label_bound, count=cfg.steps,
-                            prefix="item update (SSP)", gram_count=1, gram_noise_ratio=bias_gram_noise_ratio(cfg))
+    once = _gram_released_once(cfg)
     return ssp_releases(sigma, float(cfg.budget), cfg.item_feature_bound, cfg.label_bound, count=cfg.steps,
-                        prefix="item update (SSP)")
+                        prefix="item update (SSP)", gram_count=1 if once else None,
+                        gram_noise_ratio=bias_gram_noise_ratio(cfg) if once else 1.0)
 
 
 def _gram_released_once(cfg: AltMinConfig) -> bool:

@@ -602,5 +602,8 @@ def test_adaptive_methods_without_useful_counts_release_none_and_read_none(ratin
                                          jnp.asarray(ratings.item), ratings.n_users, 100.0))
     np.testing.assert_array_equal(w, ref)
     assert np.bincount(ratings.user, weights=w.astype(np.float64) ** 2).max() <= 100.0
+    for bad in (dict(method="dpals-uniform", adaptive_counts=True), dict(method=method, adaptive_counts="no")):
+        with pytest.raises(ValueError, match="adaptive_counts"):
+            AltMinConfig(epsilon=1.0, **bad).resolve()
     with pytest.raises(ValueError, match="n_tasks"):
         W.adaptive_weights(None, jnp.asarray(ratings.user), jnp.asarray(ratings.item), ratings.n_users, 100.0, 0.25)
