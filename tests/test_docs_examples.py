@@ -55,3 +55,32 @@ def test_every_notebook_opens_with_the_same_guarded_install_cell():
     cell = next(iter(firsts.values()))
     assert 'if importlib.util.find_spec("jdp") is None:' in cell
     assert '%pip install -q "jdp[notebook] @ {JDP_SOURCE}"' in cell
+
+
+def _install_cell_sources(cwd, monkeypatch, env_source=None):
+    """Runs the notebooks' install cell where jdp is NOT importable, its `%pip` line captured: the sources
+    it would install from."""
+    import importlib.util
+    import json
+    path = DOCS.parent / "notebooks" / "dpformer.ipynb"
+    cell = "".join(next(c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code")["source"])
+    code = cell.replace('%pip install -q "jdp[notebook] @ {JDP_SOURCE}"', "INSTALLED.append(JDP_SOURCE)")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "jdp" else real(name, *a))
+    monkeypatch.chdir(cwd)
+    if env_source is None:
+        monkeypatch.delenv("JDP_SOURCE", raising=False)
+    else:
+        monkeypatch.setenv("JDP_SOURCE", env_source)
+    installed = []
+    exec(compile(code, str(path), "exec"), {"INSTALLED": installed})
+    return installed
+
+
+def test_install_cell_installs_from_the_checkout_it_runs_in_or_the_source_given(tmp_path, monkeypatch):
+    root = DOCS.parent
+    assert _install_cell_sources(root / "notebooks", monkeypatch) == [root.resolve().as_uri()]
+    assert _install_cell_sources(tmp_path, monkeypatch, "git+https://example.org/jdp.git") == [
+        "git+https://example.org/jdp.git"]
+    with pytest.raises(RuntimeError, match="set JDP_SOURCE"):
+        _install_cell_sources(tmp_path, monkeypatch)
