@@ -49,24 +49,44 @@ def evaluate(model: Any, params: Any, inputs: np.ndarray, targets: np.ndarray, k
     if rank_fn is None:
         rank_fn = make_rank_fn_reatt(model, mask_history, reatt)
     L = inputs.shape[1]
-    buckets = np.array(sorted({int(b) for b in length_buckets if 0 < b < L} | {L}))
-    bid = np.searchsorted(buckets, (inputs[keep] > 0).sum(1))
-    out, order = [], []
-    for bi, Lb in enumerate(buckets):
-        users = keep[bid == bi]
-        n = users.size
-        for s in range(0, n, chunk):
-            idx = users[s:s + chunk]
-            pad = min(chunk, 1 << (idx.size - 1).bit_length()) - idx.size  # few static shapes
-            idx_p = np.concatenate([idx, np.repeat(idx[:1], pad)]) if pad else idx
-            r = np.asarray(rank_fn(params, jnp.asarray(inputs[idx_p, L - Lb:]), jnp.asarray(targets[idx_p])))
-            out.append(r[:idx.size])
-            order.append(idx)
+    out = []
+    for idx, idx_p, Lb in _calls(inputs, targets, keep, chunk, length_buckets):
+        r = np.asarray(rank_fn(params, jnp.asarray(inputs[idx_p, L - Lb:]), jnp.asarray(targets[idx_p])))
+        out.append(r[:idx.size])
     ranks = np.concatenate(out)
     if ranks.ndim == 2:  # both protocols: this evaluation's first, the other second
         return {**ndcg_hit_from_ranks(ranks[:, 0], k), "n_users": int(keep.size),
                 "other": ndcg_hit_from_ranks(ranks[:, 1], k)}
     return {**ndcg_hit_from_ranks(ranks, k), "n_users": int(keep.size)}
+
+
+def _calls(inputs: np.ndarray, targets: np.ndarray, keep: np.ndarray, chunk: int, length_buckets: tuple):
+    """`evaluate`'s calls: (users, users padded to the call's static size, window) per call."""
+    L = inputs.shape[1]
+    buckets = np.array(sorted({int(b) for b in length_buckets if 0 < b < L} | {L}))
+    bid = np.searchsorted(buckets, (inputs[keep] > 0).sum(1))
+    for bi, Lb in enumerate(buckets):
+        users = keep[bid == bi]
+        for s in range(0, users.size, chunk):
+            idx = users[s:s + chunk]
+            pad = min(chunk, 1 << (idx.size - 1).bit_length()) - idx.size  # few static shapes
+            yield idx, (np.concatenate([idx, np.repeat(idx[:1], pad)]) if pad else idx), int(Lb)
+
+
+def evaluation_shapes(inputs: list, targets: list, chunk: int = 1024, length_buckets: tuple = ()) -> list:
+    """The distinct (inputs, targets) argument shapes (as jax.ShapeDtypeStructs) of the `rank_fn` calls that
+    `evaluate` makes on each of the user sets `inputs[i]`, `targets[i]`: for compiling them ahead."""
+    shapes = {}
+    for x, t in zip(inputs, targets):
+        x, t = np.asarray(x), np.asarray(t)
+        keep = np.flatnonzero(t > 0)
+        if keep.size == 0:
+            continue
+        dx, dt = jnp.asarray(x[:1]).dtype, jnp.asarray(t[:1]).dtype
+        for _, idx_p, Lb in _calls(x, t, keep, chunk, length_buckets):
+            shapes[(idx_p.size, Lb)] = (jax.ShapeDtypeStruct((idx_p.size, Lb), dx),
+                                        jax.ShapeDtypeStruct((idx_p.size,), dt))
+    return list(shapes.values())
 
 
 def own_history_ranks(inputs: np.ndarray, targets: np.ndarray, n_items: int) -> np.ndarray:
@@ -135,5 +155,5 @@ def make_rank_fn_reatt(model: Any, mask_history: bool = False, reatt: dict | Non
     return functools.partial(ranks_of, reatt=reatt)
 
 
-__all__ = ["baseline_metrics", "evaluate", "make_rank_fn_reatt", "ndcg_hit_from_ranks", "own_history_ranks",
+__all__ = ["baseline_metrics", "evaluate", "evaluation_shapes", "make_rank_fn_reatt", "ndcg_hit_from_ranks", "own_history_ranks",
            "popularity_ranks"]

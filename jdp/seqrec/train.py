@@ -18,7 +18,9 @@ Padding never changes an output (masked attention, right-anchored positions, mas
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import functools
 import json
 import math
 import pathlib
@@ -39,7 +41,7 @@ from jdp.clipping.dp_sgd import dp_sgd, dp_sgd_event, poisson_indices
 from jdp.clipping.engine import check_batch_chunk
 from jdp.seqrec import reattention as ra
 from jdp.seqrec.data import SeqData, item_presence
-from jdp.seqrec.evaluate import baseline_metrics, evaluate, make_rank_fn_reatt
+from jdp.seqrec.evaluate import baseline_metrics, evaluate, evaluation_shapes, make_rank_fn_reatt
 from jdp.seqrec.models import make_loss_fn, make_model
 from jdp.validation import check_delta, check_epsilon, check_positive
 
@@ -308,7 +310,13 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     model = make_model(cfg.model, M, L, cfg.d, cfg.heads, cfg.blocks, cfg.dropout, cfg.activation)
     k_init, k_hist, k_train = jax.random.split(key, 3)
 
-    report, sigma, counts_rel = privacy_setup(data, cfg, k_hist, public_item_counts)
+    # compilations off the critical path: XLA releases the GIL while it compiles, so on a first run the
+    # calibration overlaps the initialisation's compilation, and the update's and the evaluation's compilations
+    # overlap the first step's (`_precompile`)
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jdp-compile")
+    setup = pool.submit(privacy_setup, data, cfg, k_hist, public_item_counts)
+    params = jax.jit(model.init)(k_init, jnp.zeros((1, L), jnp.int32))
+    report, sigma, counts_rel = setup.result()
     reatt = None
     if cfg.model == "dpformer":
         if counts_rel is None:  # non-private reference: zero noise -> Re-Attention is the identity
@@ -325,7 +333,6 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     k_neg = jax.random.fold_in(k_train, 0x6E6567)  # negatives' own stream (data-independent)
 
     # ---- model, optimiser, the DP-SGD step of jdp.clipping ----
-    params = jax.jit(model.init)(k_init, jnp.zeros((1, L), jnp.int32))
     opt = optax.adamw(lr_schedule(cfg.lr, steps, cfg.warmup_frac), weight_decay=cfg.weight_decay)
     loss_fn = make_loss_fn(model, log_q=log_q)  # reatt: an input of the step (`aux`), not a constant
     k_noise, k_sample, k_dropout = jax.random.split(k_train, 3)
@@ -363,6 +370,11 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     # and save most compilations (each window x chunk size is one; they dominate evaluation on a GPU)
     eval_windows = tuple(int(w) for w in cfg.length_buckets if int(w) > 0 and int(w) & (int(w) - 1) == 0)
     windows = np.array(sorted({int(b) for b in cfg.length_buckets if 0 < b < L} | {L}))
+    apply_ready = pool.submit(_precompile, apply, state, zero)
+    for shape in evaluation_shapes([data.valid_input] + ([data.test_input] if evaluate_test else []),
+                                   [data.valid_target] + ([data.test_target] if evaluate_test else []),
+                                   cfg.eval_chunk, eval_windows):
+        pool.submit(_precompile, rank_fn, params, *shape)
     n_data = data.n_users
     eval_every = max(1, int(round(cfg.eval_every_epochs * per_epoch))) if cfg.eval_every_epochs > 0 else 0
     t_train, epoch_loss, epoch_count = 0.0, 0.0, 0
@@ -389,6 +401,9 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
         if int(nonfinite):  # such users were dropped (the bound holds), but training has diverged
             raise FloatingPointError(f"step {step}: {int(nonfinite)} sampled users had a non-finite loss or "
                                      "gradient (lower the learning rate or check the data)")
+        if apply_ready is not None:  # compiled beside the first step (calling it meanwhile would compile it twice)
+            apply_ready.result()
+            apply_ready = None
         state = apply(state, acc)
         loss = float(loss_sum) / max(int(count), 1)
         epoch_loss, epoch_count = epoch_loss + float(loss_sum), epoch_count + int(count)
@@ -421,6 +436,7 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
             stop = done
             break
     params, steps_done = state.params, int(state.step)
+    pool.shutdown(wait=True)  # the evaluation's compilations
 
     t0 = time.perf_counter()
     mv = evaluate(model, params, data.valid_input, data.valid_target, chunk=cfg.eval_chunk, rank_fn=rank_fn,
@@ -443,6 +459,15 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
                "s_per_step": t_train / max(1, stop - start), "step_s": step_s, "step_new_shapes": step_new_shapes,
                "complete": steps_done == steps}
     return TrainResult(params, metrics, report, float(sigma), steps, history, timings, reatt, counts_rel, baselines)
+
+
+def _precompile(fn, *args) -> None:
+    """Compiles the jitted `fn` (or a functools.partial of one) for `args` (arrays or ShapeDtypeStructs) into its
+    own cache, so a later call of the same shapes runs at once."""
+    if isinstance(fn, functools.partial):
+        fn.func.lower(*fn.args, *args, **fn.keywords).compile()
+    else:
+        fn.lower(*args).compile()
 
 
 class _PlainState(NamedTuple):
