@@ -92,7 +92,13 @@ def render() -> None:
               "XLA compiling the clipped step (~4 s), the noisy update (~1.5 s), the initialisation and the ranking, "
               "plus ~2 s of imports and the noise calibration. Its second run (new noise seed, new Re-Attention "
               "release) reuses every compilation: the released variances are inputs of the step, not constants. "
-              "`jdp altmin --data synthetic` generates and fits 1M ratings (20,000 users).", ""]
+              "`jdp altmin --data synthetic` generates and fits 1M ratings (20,000 users).", "",
+              "seqrec, interleaved runs of two commits on 2026-11-27 (a host ~25% slower than the table's that day: "
+              "the same command took 20.5 s first / 12.8 s cached on it at ef2d707): 21.3 / 23.4 / 23.7 s "
+              "at ef2d707 against 19.4 / 19.6 / 20.0 s at ad49f1b (the calibration beside the initialisation's "
+              "compilation, the update's and the evaluation's compilations beside the first step, the quick run's "
+              "one chunk clipped in one pass; identical metrics). Still above 10 s: tracing and compiling the DP "
+              "step alone takes 5-7 s (the non-private step 3 s), imports ~2 s.", ""]
     (RESULTS_DIR.parent / "sections" / "cli.md").write_text("\n".join(lines))
 
 
