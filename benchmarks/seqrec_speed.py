@@ -67,15 +67,9 @@ def _rates(n_items: int, d: int, rows: int) -> dict:
             "shape": [rows, d, n_items + 1]}
 
 
-def _host_memory() -> None:
-    """`--reuse-host-memory` (passed to the variants' processes as JDP_HOST_MALLOC=reuse): before any JAX work."""
-    if os.environ.get("JDP_HOST_MALLOC") == "reuse":
-        from jdp.hostmem import reuse_freed_memory
-        reuse_freed_memory()
-
-
 def floor(data_path: str, d: int = 64, blocks: int = 2) -> dict:
-    _host_memory()
+    from jdp.hostmem import reuse_freed_memory_if_requested
+    reuse_freed_memory_if_requested()  # --reuse-host-memory (JDP_HOST_MALLOC=reuse), before any JAX work
     from jdp.seqrec.train import TrainConfig
     data = _data(data_path)
     rows = TrainConfig().chunk_rows
@@ -92,7 +86,8 @@ def floor(data_path: str, d: int = 64, blocks: int = 2) -> dict:
 
 def variant(name: str, data_path: str, steps: int, negatives: int = 1024) -> dict:
     """One training variant (run in its own process): per-step times over `steps` steps."""
-    _host_memory()
+    from jdp.hostmem import reuse_freed_memory_if_requested
+    reuse_freed_memory_if_requested()  # inherited JDP_HOST_MALLOC, before any JAX work
     import jax
 
     from jdp.seqrec.train import TrainConfig, sampling_plan, train
@@ -165,7 +160,8 @@ def main(argv=None) -> int:
     summary["targets"] = {k: {"target": v, "met": bool(summary.get(k, np.inf) <= v)} for k, v in TARGETS.items()}
     print(json.dumps(summary, indent=1))
     full = names == ["nonprivate", "dp", "vmap", "dp_sampled"]
-    name = ("seqrec_speed" if full else "seqrec_speed_" + "_".join(names)) + ("_reuse_host_memory" if args.reuse_host_memory else "")
+    name = ("seqrec_speed" if full else "seqrec_speed_" + "_".join(names)
+            ) + ("_reuse_host_memory" if args.reuse_host_memory else "")
     write_results(name, list(rows.values()), floor=fl,
                   summary=summary, **summary)
     return 0

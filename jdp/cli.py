@@ -9,7 +9,7 @@ import pathlib
 import sys
 
 import jdp
-from jdp.hostmem import reuse_freed_memory
+from jdp.hostmem import reuse_freed_memory_if_requested
 from jdp.noise import resolve_seed
 
 # subcommand -> module providing `register(subparsers)`; modules are imported only when present.
@@ -92,8 +92,7 @@ def enable_compilation_cache() -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if os.environ.get("JDP_HOST_MALLOC", "").lower() == "reuse":  # opt-in, before JAX starts its threads
-        reuse_freed_memory()
+    reuse_freed_memory_if_requested()  # opt-in (jdp.hostmem), before JAX starts its threads
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(argv).parse_args(argv)
     enable_compilation_cache()

@@ -58,4 +58,10 @@ def reuse_freed_memory() -> bool:
     return _state["enabled"]
 
 
-__all__ = ["reuse_freed_memory"]
+def reuse_freed_memory_if_requested() -> bool:
+    """`reuse_freed_memory()` when the environment asks for it (`JDP_HOST_MALLOC=reuse`), else nothing: how
+    `jdp` commands and the benchmarks opt in."""
+    return os.environ.get("JDP_HOST_MALLOC", "").lower() == "reuse" and reuse_freed_memory()
+
+
+__all__ = ["reuse_freed_memory", "reuse_freed_memory_if_requested"]

@@ -47,3 +47,13 @@ def test_system_setting_turns_it_off(monkeypatch):
     monkeypatch.setenv("JDP_HOST_MALLOC", "system")
     assert hostmem.reuse_freed_memory() is False
     assert hostmem.reuse_freed_memory() is False   # remembered
+
+
+def test_commands_reuse_only_when_asked(monkeypatch):
+    from jdp import hostmem
+    calls = []
+    monkeypatch.setattr(hostmem, "reuse_freed_memory", lambda: calls.append(1) or True)
+    monkeypatch.delenv("JDP_HOST_MALLOC", raising=False)
+    assert hostmem.reuse_freed_memory_if_requested() is False and not calls
+    monkeypatch.setenv("JDP_HOST_MALLOC", "reuse")
+    assert hostmem.reuse_freed_memory_if_requested() is True and calls == [1]

@@ -50,7 +50,7 @@ def evaluate(model: Any, params: Any, inputs: np.ndarray, targets: np.ndarray, k
         rank_fn = make_rank_fn_reatt(model, mask_history, reatt)
     L = inputs.shape[1]
     out = []
-    for idx, idx_p, Lb in _calls(inputs, targets, keep, chunk, length_buckets):
+    for idx, idx_p, Lb in _calls(inputs, keep, chunk, length_buckets):
         r = np.asarray(rank_fn(params, jnp.asarray(inputs[idx_p, L - Lb:]), jnp.asarray(targets[idx_p])))
         out.append(r[:idx.size])
     ranks = np.concatenate(out)
@@ -60,8 +60,8 @@ def evaluate(model: Any, params: Any, inputs: np.ndarray, targets: np.ndarray, k
     return {**ndcg_hit_from_ranks(ranks, k), "n_users": int(keep.size)}
 
 
-def _calls(inputs: np.ndarray, targets: np.ndarray, keep: np.ndarray, chunk: int, length_buckets: tuple):
-    """`evaluate`'s calls: (users, users padded to the call's static size, window) per call."""
+def _calls(inputs: np.ndarray, keep: np.ndarray, chunk: int, length_buckets: tuple):
+    """`evaluate`'s calls on the users `keep`: (users, users padded to the call's static size, window) per call."""
     L = inputs.shape[1]
     buckets = np.array(sorted({int(b) for b in length_buckets if 0 < b < L} | {L}))
     bid = np.searchsorted(buckets, (inputs[keep] > 0).sum(1))
@@ -83,7 +83,7 @@ def evaluation_shapes(inputs: list, targets: list, chunk: int = 1024, length_buc
         if keep.size == 0:
             continue
         dx, dt = jnp.asarray(x[:1]).dtype, jnp.asarray(t[:1]).dtype
-        for _, idx_p, Lb in _calls(x, t, keep, chunk, length_buckets):
+        for _, idx_p, Lb in _calls(x, keep, chunk, length_buckets):
             shapes[(idx_p.size, Lb)] = (jax.ShapeDtypeStruct((idx_p.size, Lb), dx),
                                         jax.ShapeDtypeStruct((idx_p.size,), dt))
     return list(shapes.values())
