@@ -151,6 +151,15 @@ class AltMinConfig:
     user_bias_reg: float | None = None   # user ridge on b_u (shrinks it to the prior μ); per rating: user_reg; else 5.0 = the ratio of
                                          # rating noise to user-bias variance, (σ_r / σ_b)² ≈ (1 / 0.45)², in
                                          # units of the rating scale (scale-free, so public)
+    user_slope_reg: float | None = None  # predictions: each user also scales the released item biases,
+                                         # r̂ = μ + b_u + a_u·c_i + u·v, a_u solved on the user's side (free, like
+                                         # b_u; Koren 2009's user-scaled item bias) with ridge user_slope_reg·(a_u − 1)².
+                                         # Default (private methods): Γy² = s²/τa², the public residual variance
+                                         # s² = (Γy/2)² over a prior a_u ~ N(1, τa² = 1/4) (a_u in [0, 2] at two prior
+                                         # stds: from ignoring item quality to twice its weight); 4 on 1–5 stars.
+                                         # math.inf: a_u = 1.
+                                         # 'als': inf (the non-private reference keeps its tuned model).
+                                         # Training's own user solves keep a_u = 1 (the item update's features stay γ₀)
     count_fraction: float = 0.12         # ε share that sets the noise of the private item counts
     adaptive_counts: bool | None = None  # ada-*: release the item counts for the weights n̂_i^(−μ). None: only when
                                          # they are of use (`counts_useful`, from public sizes and σ); without them
@@ -240,9 +249,19 @@ class AltMinConfig:
                                   "user_reg")
         user_bias_reg = check_positive(self.user_bias_reg if self.user_bias_reg is not None
                                        else (user_reg if per_rating else 5.0), "user_bias_reg")
+        user_slope_reg = (self.user_slope_reg if self.user_slope_reg is not None
+                          else label_clip ** 2 if self.private else math.inf)  # s²/τa², s² of `_bias_priors`
+        if math.isfinite(user_slope_reg):
+            user_slope_reg = check_positive(user_slope_reg, "user_slope_reg")
+        elif user_slope_reg != math.inf:
+            raise ValueError(f"user_slope_reg must be > 0 (math.inf: off), got {self.user_slope_reg!r}")
+        if math.isfinite(user_slope_reg) and (per_rating or not self.biases):
+            raise ValueError("user_slope_reg scales the item biases on the user side: it needs biases=True and "
+                             "reg_per_rating=False (pass user_slope_reg=math.inf to turn it off)")
         return dataclasses.replace(self, dim=dim, steps=steps, label_clip=label_clip, label_norm=label_norm,
                                    user_reg=user_reg,
-                                   bias_clip=bias_clip, user_bias_reg=user_bias_reg, global_mean=global_mean,
+                                   bias_clip=bias_clip, user_bias_reg=user_bias_reg, user_slope_reg=user_slope_reg,
+                                   global_mean=global_mean,
                                    reg_per_rating=per_rating,
                                    epsilon=self.epsilon if self.private else None)
 
@@ -273,9 +292,11 @@ class AltMinConfig:
 
 
 class UserEmbeddings(NamedTuple):
-    """Each user's solved embedding u_j [n_users, d] and bias b_j [n_users] (0 without biases)."""
+    """Each user's solved embedding u_j [n_users, d], bias b_j [n_users] (0 without biases) and the scale a_j
+    [n_users] the user puts on the released item biases (None: 1 for everyone)."""
     factors: np.ndarray
     bias: np.ndarray
+    slope: np.ndarray | None = None
 
 
 @dataclasses.dataclass
@@ -291,13 +312,14 @@ class AltMinModel:
     seed: int | None = None  # the noise seed: reproduces the run; as secret as the data
 
     def user_factors(self, history: Interactions) -> UserEmbeddings:
-        """Each user's embedding and bias solved from the release and the user's own ratings (no privacy cost)."""
-        cfg = self.config
-        return UserSolver.for_config(history, cfg)(self.item_factors, self.item_bias, self.mean)
+        """Each user's embedding, bias and item-bias scale solved from the release and the user's own ratings
+        (no privacy cost)."""
+        return UserSolver.for_config(history, self.config, predict=True)(self.item_factors, self.item_bias, self.mean)
 
     def predict(self, users: UserEmbeddings, user: np.ndarray, item: np.ndarray) -> np.ndarray:
         lo, hi = self.config.rating_range
-        pred = (self.mean + users.bias[user] + self.item_bias[item]
+        item_bias = self.item_bias[item] * (1.0 if users.slope is None else users.slope[user])
+        pred = (self.mean + users.bias[user] + item_bias
                 + np.einsum("nd,nd->n", users.factors[user], self.item_factors[item]))
         return np.clip(pred, lo, hi)
 
@@ -341,14 +363,17 @@ def _with_constant_column(v, value):
 
 class UserSolver:
     """Exact per-user ridge solves of (u_j, b_j) from the released (V, c, μ) and the user's own ratings:
-    min Σ_{i∈Ω_j} (r_ij − μ − c_i − b_j − u_j·v_i)² + λ_u‖u_j‖² + λ_b b_j².
+    min Σ_{i∈Ω_j} (r_ij − μ − a_j·c_i − b_j − u_j·v_i)² + λ_u‖u_j‖² + λ_b b_j² + λ_a (a_j − 1)².
 
     The bias rides as a constant column s = √(λ_u/λ_b) of the design [v_i, s] (one ridge λ_u on the
-    coefficients gives the bias the ridge λ_b). The observation layout is built once; the residual
-    labels are laid out on device each call. Users are solved in blocks of USERS_PER_BLOCK to bound memory.
+    coefficients gives the bias the ridge λ_b); with `user_slope_reg` λ_a, a_j − 1 rides likewise as the column
+    √(λ_u/λ_a)·c_i before it (the bias column stays last: per-rating ridges read the count off it). The
+    observation layout is built once; the residual labels are laid out on device each call. Users are solved in
+    blocks of USERS_PER_BLOCK to bound memory.
     """
 
-    def __init__(self, data: Interactions, user_reg: float, user_bias_reg: float | None, per_rating: bool = False):
+    def __init__(self, data: Interactions, user_reg: float, user_bias_reg: float | None, per_rating: bool = False,
+                 user_slope_reg: float = math.inf):
         n_blocks = max(1, -(-data.n_users // USERS_PER_BLOCK))
         plan = gram.build_plan(data.user, data.item, None, data.n_users, n_shards=n_blocks)
         self.classes, self.stack_index = gram.device_arrays(plan)
@@ -357,6 +382,9 @@ class UserSolver:
         self.item, self.rating = jnp.asarray(data.item), jnp.asarray(data.rating, jnp.float32)
         self.user_reg = float(user_reg)
         self.bias_column = None if user_bias_reg is None else math.sqrt(user_reg / user_bias_reg)
+        self.slope_column = None if not math.isfinite(user_slope_reg) else math.sqrt(user_reg / user_slope_reg)
+        if self.slope_column is not None and (self.bias_column is None or per_rating):
+            raise ValueError("user_slope_reg needs a user bias (user_bias_reg) and reg_per_rating=False")
         # per rating: ridge λ·n_j, the count read off the Gram's constant bias column (s² per rating)
         self.count_ridge = None
         if per_rating:
@@ -365,13 +393,18 @@ class UserSolver:
             self.count_ridge = jnp.asarray([0.0, 0.0, user_reg, self.bias_column**2, 0.0, 1.0], jnp.float32)
 
     @classmethod
-    def for_config(cls, data: Interactions, cfg: AltMinConfig) -> "UserSolver":
-        """The user solver of a resolved config (its user ridges, biases and per-rating choice)."""
-        return cls(data, cfg.user_reg, cfg.user_bias_reg if cfg.biases else None, cfg.reg_per_rating)
+    def for_config(cls, data: Interactions, cfg: AltMinConfig, predict: bool = False) -> "UserSolver":
+        """The user solver of a resolved config (its user ridges, biases and per-rating choice); `predict`: the
+        final solve behind predictions, which also scales the item biases (`user_slope_reg`)."""
+        return cls(data, cfg.user_reg, cfg.user_bias_reg if cfg.biases else None, cfg.reg_per_rating,
+                   cfg.user_slope_reg if predict else math.inf)
 
     def __call__(self, item_factors, item_bias, mean: float) -> UserEmbeddings:
-        v = (jnp.asarray(item_factors, jnp.float32) if self.bias_column is None
-             else _with_constant_column(item_factors, self.bias_column))
+        v = jnp.asarray(item_factors, jnp.float32)
+        if self.slope_column is not None:
+            v = jnp.concatenate([v, self.slope_column * jnp.asarray(item_bias, jnp.float32)[:, None]], axis=1)
+        if self.bias_column is not None:
+            v = _with_constant_column(v, self.bias_column)
         resid = _residuals(self.rating, self.item, item_bias, mean, math.inf)
         classes = gram.with_labels(self.classes, self.obs_index, resid)
         coef = np.asarray(_rows(solve_tasks(v, classes, self.class_tasks, self.stack_index, jax.random.key(0), 0.0, 0.0,
@@ -379,7 +412,10 @@ class UserSolver:
                                             noisy=False, count_ridge=self.count_ridge), self.flat_index))
         if self.bias_column is None:
             return UserEmbeddings(coef, np.zeros(coef.shape[0], np.float32))
-        return UserEmbeddings(coef[:, :-1], coef[:, -1] * np.float32(self.bias_column))
+        bias = coef[:, -1] * np.float32(self.bias_column)
+        if self.slope_column is None:
+            return UserEmbeddings(coef[:, :-1], bias)
+        return UserEmbeddings(coef[:, :-2], bias, 1.0 + coef[:, -2] * np.float32(self.slope_column))
 
 
 def solve_users(data: Interactions, item_factors: np.ndarray, item_bias: np.ndarray, mean: float, user_reg: float,

@@ -282,3 +282,35 @@ def test_tiny_epsilon_stays_at_the_zero_cost_model():
                 for s in range(2)]
         rmse, zero = np.mean([m["rmse_test"] for m in rows]), np.mean([m["rmse_zero_cost_test"] for m in rows])
         assert rmse <= zero + 5e-4, (method, rmse, zero)
+
+
+def test_user_side_item_bias_scale_recovers_planted_slopes_and_is_free():
+    """Predictions solve each user's a_u in r̂ = μ + b_u + a_u·c_i on the user's side: it recovers planted scales,
+    is the identity when the released item biases are 0 (the zero-cost model is unchanged), and training's own
+    user solves keep a_u = 1."""
+    import math
+    from jdp.altmin import UserSolver
+    from jdp.data import Interactions
+    rng = np.random.default_rng(0)
+    n_users, n_items, per_user = 200, 400, 120
+    user = np.repeat(np.arange(n_users), per_user)
+    item = np.concatenate([rng.choice(n_items, per_user, replace=False) for _ in range(n_users)])
+    c, b, a = rng.normal(0, 0.6, n_items), rng.normal(0, 0.4, n_users), rng.uniform(0.3, 1.7, n_users)
+    rating = 3.0 + b[user] + a[user] * c[item] + rng.normal(0, 0.1, user.size)
+    data = Interactions(user.astype(np.int32), item.astype(np.int32), rating.astype(np.float32), n_users, n_items)
+    empty = np.zeros((n_items, 0), np.float32)
+    fitted = UserSolver(data, 1.0, 1.0, user_slope_reg=1.0)(empty, c.astype(np.float32), 3.0)
+    assert np.abs(fitted.slope - a).max() < 0.1 and np.abs(fitted.bias - b).max() < 0.1
+    plain = UserSolver(data, 1.0, 1.0)(empty, c.astype(np.float32), 3.0)
+    assert plain.slope is None and np.abs(plain.bias - b).max() > 0.1  # a_u = 1 misfits
+    zero = np.zeros(n_items, np.float32)  # no released item effects: a_u stays 1 and b_u is the zero-cost bias
+    with_slope, without = (UserSolver(data, 1.0, 5.0, user_slope_reg=s)(empty, zero, 3.0) for s in (1.0, math.inf))
+    np.testing.assert_allclose(with_slope.slope, 1.0)
+    np.testing.assert_allclose(with_slope.bias, without.bias, atol=1e-5)
+    # defaults: private methods scale with ridge s²/τa² = Γy² (4 on 1–5 stars), the non-private reference does not
+    assert AltMinConfig(method="ada-dpals", rating_range=(1.0, 5.0)).resolve().user_slope_reg == pytest.approx(4.0)
+    assert AltMinConfig(method="als").resolve().user_slope_reg == math.inf
+    for bad in (dict(method="ada-dpals", user_slope_reg=-1.0), dict(method="ada-dpals", user_slope_reg=1.0, biases=False),
+                dict(method="als", user_slope_reg=1.0)):  # 'als' solves per rating (ALS-WR)
+        with pytest.raises(ValueError, match="user_slope_reg"):
+            AltMinConfig(**bad).resolve()
