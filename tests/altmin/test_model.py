@@ -310,6 +310,7 @@ def test_user_side_item_bias_scale_recovers_planted_slopes_and_is_free():
     # defaults: private methods scale with ridge s²/τa² = Γy² (4 on 1–5 stars), the non-private reference does not
     assert AltMinConfig(method="ada-dpals", rating_range=(1.0, 5.0)).resolve().user_slope_reg == pytest.approx(4.0)
     assert AltMinConfig(method="als").resolve().user_slope_reg == math.inf
+    assert AltMinConfig(method="ada-dpals", biases=False).resolve().user_slope_reg == math.inf
     for bad in (dict(method="ada-dpals", user_slope_reg=-1.0), dict(method="ada-dpals", user_slope_reg=1.0, biases=False),
                 dict(method="als", user_slope_reg=1.0)):  # 'als' solves per rating (ALS-WR)
         with pytest.raises(ValueError, match="user_slope_reg"):
