@@ -607,3 +607,20 @@ def test_adaptive_methods_without_useful_counts_release_none_and_read_none(ratin
             AltMinConfig(epsilon=1.0, **bad).resolve()
     with pytest.raises(ValueError, match="n_tasks"):
         W.adaptive_weights(None, jnp.asarray(ratings.user), jnp.asarray(ratings.item), ratings.n_users, 100.0, 0.25)
+
+
+def test_user_side_solves_read_only_the_users_own_ratings(ratings):
+    """Predictions' user-side solves (u_j, b_j and the item-bias scale a_j) are post-processing of the release and
+    user j's OWN ratings: giving every other user worst-case ratings (each flipped to the other end of the scale)
+    leaves user j's solution unchanged."""
+    model = fit(ratings, AltMinConfig(method="ada-dpals", epsilon=5.0, show_progress=False), seed=0)
+    assert model.config.user_slope_reg < np.inf and np.abs(model.item_bias).max() > 0
+    lo, hi = model.config.rating_range
+    j = int(ratings.user[0])
+    flipped = np.where(ratings.user == j, ratings.rating, lo + hi - ratings.rating).astype(np.float32)
+    other = Interactions(ratings.user, ratings.item, flipped, ratings.n_users, ratings.n_items)
+    mine, theirs = model.user_factors(ratings), model.user_factors(other)
+    np.testing.assert_array_equal(mine.slope[j], theirs.slope[j])
+    np.testing.assert_array_equal(mine.bias[j], theirs.bias[j])
+    np.testing.assert_array_equal(mine.factors[j], theirs.factors[j])
+    assert not np.allclose(mine.slope, theirs.slope)  # the others' solutions did change
