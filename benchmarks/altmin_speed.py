@@ -48,6 +48,24 @@ def dense_gflops(n=4096):
     return 2 * n**3 / timed(lambda: f(a)) / 1e9
 
 
+def batched_matmul_seconds(plan, d: int) -> tuple[float, list[dict]]:
+    """The Gram's ceiling on this layout: XLA's batched matmul einsum('nld,nle->nde') ALONE (input already
+    gathered and weighted, so no gather) over the plan's padded length classes, one scan batch per class timed
+    and scaled by the class's number of batches (as `gram.class_gram` runs it). Returns the total and, per class,
+    its row length, tasks, real rows and the batched matmul's rate on its padded rows."""
+    mm = jax.jit(lambda x: jnp.einsum("nld,nle->nde", x, x))
+    total, per_class = 0.0, []
+    for c in plan.classes:
+        n, length = c.src.shape[1], c.src.shape[2]
+        batch = min(n, max(1, gram.ROWS_PER_BATCH // length))
+        x = jax.random.normal(jax.random.key(length), (batch, length, d), jnp.float32)
+        t = timed(lambda: mm(x))
+        total += t * (n / batch)
+        per_class.append({"rows": int(length), "tasks": int((c.task < plan.n_tasks).sum()), "real_rows": int((c.obs >= 0).sum()),
+                          "matmul_gflops": 2 * batch * length * d * d / t / 1e9})
+    return total, per_class
+
+
 def simple_item_update(feats, classes, stack_index, global_task, key, std_a, std_b, lam):
     """The item update written the simple way (how jdp ran it before): every class Gram concatenated into one
     [tasks, d, d] array in slot order, per-task noise drawn inside a vmap, one batched adaptive solve."""
@@ -99,6 +117,7 @@ def main():
         flops = 2 * data.nnz * (d + 1) ** 2
         gram_fn = jax.jit(lambda f: [gram.class_gram(f, *cl) for cl in one_shard])
         t_gram = timed(lambda: gram_fn(feats))
+        t_matmul, matmul_classes = batched_matmul_seconds(plan, d + 1)
         # plain baseline on a prefix of the ratings
         nb = min(args.baseline_ratings, data.nnz)
         base = lambda: gram.segment_sum_gram(feats, jnp.asarray(data.item[:nb]), jnp.asarray(data.user[:nb]),  # noqa: E731
@@ -143,6 +162,8 @@ def main():
             "d": d, "n_users": data.n_users, "n_items": data.n_items, "nnz": data.nnz,
             "dense_matmul_gflops": peak,
             "gram_seconds": t_gram, "gram_gflops": flops / t_gram / 1e9, "gram_fraction_of_dense": flops / t_gram / 1e9 / peak,
+            "batched_matmul_alone_seconds": t_matmul, "batched_matmul_alone_fraction_of_dense": flops / t_matmul / 1e9 / peak,
+            "batched_matmul_alone_by_class": matmul_classes,
             "segment_sum_ratings": nb, "segment_sum_seconds": t_base,
             "segment_sum_gflops": 2 * nb * (d + 1) ** 2 / t_base / 1e9,
             "segment_sum_fraction_of_dense": 2 * nb * (d + 1) ** 2 / t_base / 1e9 / peak,
