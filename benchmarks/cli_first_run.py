@@ -87,7 +87,8 @@ def render() -> None:
         lines += ["", "Re-measured alone (`--only`; the other rows are the run above): " + "; ".join(
             f"{r['name']} at commit `{r['git_commit'][:10]}` ({r['date'][:10]})"
             + (f", {r['note']}" if r.get("note") else "") for r in again) + "."]
-    lines += ["", "`jdp seqrec --data synthetic` trains the 2-block DPFormer with DP-SGD for 2 epochs (16 steps of ~256 "
+    lines += ["", "`jdp seqrec --data synthetic` trains a 1-block DPFormer (since 159a066; 2 blocks before, the "
+              "paper's depth, which `--blocks` keeps for published data) with DP-SGD for 2 epochs (16 steps of ~256 "
               "users × 20 positions, one compiled shape) and ranks the full catalogue; on a first run most of it is "
               "XLA compiling the clipped step (~4 s), the noisy update (~1.5 s), the initialisation and the ranking, "
               "plus ~2 s of imports and the noise calibration. Its second run (new noise seed, new Re-Attention "
@@ -98,7 +99,16 @@ def render() -> None:
               "at ef2d707 against 19.4 / 19.6 / 20.0 s at ad49f1b (the calibration beside the initialisation's "
               "compilation, the update's and the evaluation's compilations beside the first step, the quick run's "
               "one chunk clipped in one pass; identical metrics). Still above 10 s: tracing and compiling the DP "
-              "step alone takes 5-7 s (the non-private step 3 s), imports ~2 s.", ""]
+              "step alone takes 5-7 s (the non-private step 3 s), imports ~2 s.", "",
+              "One block instead of two (159a066) halves the step to compile and is no worse on the planted data "
+              "(test NDCG@10 0.396 vs 0.386, same seed). Interleaved on one host (2026-11-27, whose speed drifted "
+              "±25% within the hour): 16.7 / 15.4 / 14.5 s first run at 7329ff1 against 12.7 / 11.9 / 10.9 s at "
+              "159a066; the table's row 11.4 s. Tried and not kept: compiling the clipped step beside the noise "
+              "calibration and the initialisation (it does not depend on σ; one compilation, checked with "
+              "JAX_LOG_COMPILES): 14.8 / 14.7 / 13.8 s before against 15.1 / 13.1 / 15.0 s with it, interleaved: "
+              "on 2 cores the compilations already fill both, so running them side by side moves no work off the "
+              "critical path. `XLA_FLAGS=--xla_backend_optimization_level=0` compiles the step in 2.6 s instead of "
+              "5.9 s but runs it 3× slower (0.8 vs 0.27 s per step): 22–28 s in all; level 1 saves nothing.", ""]
     (RESULTS_DIR.parent / "sections" / "cli.md").write_text("\n".join(lines))
 
 
