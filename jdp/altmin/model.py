@@ -331,6 +331,7 @@ def zero_cost_model(train: Interactions, cfg: AltMinConfig) -> AltMinModel:
     side; nothing is released (empty report, ε = 0). A private model should never do worse."""
     prior = cfg.global_mean if not isinstance(cfg.global_mean, (str, type(None))) else "prior"  # a declared prior
     cfg = AltMinConfig(dim=0, rating_range=cfg.rating_range, global_mean=prior, delta=cfg.delta,
+                       user_slope_reg=math.inf,  # no released item biases to scale
                        show_progress=False).resolve()  # the user-side defaults only: same baseline for every config
     report = PrivacyReport(cfg.delta, unit="user", relation=ADD_OR_REMOVE_ONE)
     report.assume(f"public rating scale {tuple(cfg.rating_range)}; nothing released")
