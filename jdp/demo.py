@@ -45,13 +45,20 @@ def run(args: argparse.Namespace) -> int:
           f"{m0['rmse_zero_cost_test']:.4f}")
     print(header)
     print("-" * len(header))
+    worse = 0
     for r in rows:
         m, sl = r["metrics"], r["metrics"]["sliced"]["rmse_test"]
         eps = "-" if r["epsilon"] is None else f"{r['epsilon']:g}"
         spent = "inf (non-private)" if r["epsilon"] is None else f"{r['privacy']['epsilon']:.3f}"
         mu = "-" if r["mu"] is None else f"{r['mu']:g}"
+        flag = " !" if r["epsilon"] is not None and m["rmse_test"] > m["rmse_zero_cost_test"] else ""
+        worse += bool(flag)
         print(f"{r['method']:<15}{eps:>8}{mu:>6}{r['config']['dim']:>5}{m['rmse_test']:>9.4f}{sl[0]:>11.4f}{sl[-1]:>11.4f}{spent:>19}"
-              f"{r['timings']['fit_seconds']:>7.1f}")
+              f"{r['timings']['fit_seconds']:>7.1f}{flag}")
+    if worse:
+        print(f"\n! {worse} private row(s) above the zero-cost baseline {m0['rmse_zero_cost_test']:.4f} (each user's own "
+              "bias on the public prior, nothing released): at that epsilon the release adds more noise than signal "
+              "on this data; the zero-cost model is the better choice there.")
     print(f"\ntotal {time.perf_counter() - t0:.0f} s. Every private row spends exactly its epsilon at delta=1e-5, "
           "counts and centering included (see `jdp altmin --out` for the full privacy report).")
     if args.out:

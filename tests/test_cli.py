@@ -96,3 +96,25 @@ def test_a_command_imports_only_its_own_subcommand_package():
             "print('jdp.seqrec' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False", "True"]
+
+
+def test_demo_flags_private_rows_above_the_zero_cost_baseline(capsys, monkeypatch):
+    """`jdp demo` marks every private row whose test RMSE is above the zero-cost model's and says why once."""
+    import jdp.altmin.experiment as experiment
+    from jdp import demo
+
+    def fake_experiment(data, cfg, seed, split_seed):  # private rows alternate above / below the zero-cost 1.0
+        private = cfg.epsilon is not None
+        rmse = 0.9 if not private else (1.01 if cfg.epsilon == 1.0 and cfg.mu == 0.25 else 0.99)
+        return {"method": cfg.method, "epsilon": cfg.epsilon, "mu": cfg.mu if private else None,
+                "metrics": {"rmse_test": rmse, "rmse_zero_cost_test": 1.0, "rmse_prior_only_test": 1.2,
+                            "sliced": {"rmse_test": [rmse] * 5}},
+                "privacy": {"epsilon": cfg.epsilon}, "config": {"dim": 0}, "timings": {"fit_seconds": 0.0}}
+
+    monkeypatch.setattr(experiment, "rating_experiment", fake_experiment)
+    assert main(["demo", "--users", "50", "--items", "10", "--ratings", "200", "--seed", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    flagged = [line for line in lines if line.endswith(" !")]
+    expected = sum(1 for method, eps, mu in demo.RUNS if eps == 1.0 and (mu or 0.25) == 0.25)
+    assert len(flagged) == expected and all(line.split()[1] == "1" for line in flagged)
+    assert any(line.startswith(f"! {expected} private row(s) above the zero-cost baseline 1.0000") for line in lines)
