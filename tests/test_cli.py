@@ -103,7 +103,7 @@ def test_demo_flags_private_rows_above_the_zero_cost_baseline(capsys, monkeypatc
     import jdp.altmin.experiment as experiment
     from jdp import demo
 
-    def fake_experiment(data, cfg, seed, split_seed):  # private rows alternate above / below the zero-cost 1.0
+    def fake_experiment(data, cfg, seed, split_seed):  # private rows at ε = 1, μ = 1/4 above the zero-cost 1.0
         private = cfg.epsilon is not None
         rmse = 0.9 if not private else (1.01 if cfg.epsilon == 1.0 and cfg.mu == 0.25 else 0.99)
         return {"method": cfg.method, "epsilon": cfg.epsilon, "mu": cfg.mu if private else None,
