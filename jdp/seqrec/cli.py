@@ -81,6 +81,9 @@ def register(subparsers) -> None:
                         "always ranks the full catalogue")
     p.add_argument("--negative-sampler", default="uniform", choices=list(NEGATIVE_SAMPLERS),
                    help="popularity: in proportion to public (--public-item-counts) or DPFormer's released counts")
+    p.add_argument("--trainable-items", type=int, default=0,
+                   help="train only the embedding rows of the K items with the largest public (--public-item-counts) "
+                        "or released counts (a private run releases the item histogram for it); 0 = every row")
     p.add_argument("--length-buckets", default=None,
                    help="comma-separated shorter windows for short sequences (compute only; '' = none); default "
                         f"{','.join(map(str, DEFAULT_WINDOWS))} / none with --data synthetic (one compiled shape)")
@@ -169,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
                       eval_every_epochs=args.eval_every, mask_history=args.mask_history,
                       length_buckets=tuple(int(b) for b in buckets.split(",") if b.strip()),
                       n_users_public=args.n_users, negatives=args.negatives,
-                      negative_sampler=args.negative_sampler,
+                      negative_sampler=args.negative_sampler, trainable_items=args.trainable_items,
                       # the quick run's one small chunk in one pass: ~1.5 s less tracing and compiling
                       batch_chunk=None if synthetic else TrainConfig.batch_chunk)
     public = None

@@ -88,6 +88,8 @@ class TrainConfig:
     n_users_public: int | None = None  # declared public bound on the users: sets q = B/N and the steps
     negatives: int = 0                # 0 = full softmax (the paper); K > 0 = sampled softmax, K items per step
     negative_sampler: str = "uniform"  # "uniform" or "popularity" (public or released counts, see train)
+    trainable_items: int = 0          # 0 = every item embedding row trains; K > 0 = only the K items with the
+                                      # largest public or released counts (`frozen_item_rows`)
 
     def validate(self) -> None:
         if self.epsilon is not None:
@@ -105,6 +107,8 @@ class TrainConfig:
         check_batch_chunk(self.batch_chunk)
         if int(self.negatives) < 0:
             raise ValueError(f"negatives must be >= 0, got {self.negatives}")
+        if int(self.trainable_items) < 0:
+            raise ValueError(f"trainable_items must be >= 0, got {self.trainable_items}")
         if self.negative_sampler not in NEGATIVE_SAMPLERS:
             raise ValueError(f"negative_sampler must be one of {NEGATIVE_SAMPLERS}, got {self.negative_sampler!r}")
         if self.negatives and self.model == "transformer-untied":
@@ -169,12 +173,12 @@ def privacy_setup(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_c
     for text in data.vocab_assumptions:
         report.assume(text)
     counts_rel = None
-    if cfg.model == "dpformer":
+    if cfg.model == "dpformer" or cfg.trainable_items:
         if public_item_counts is not None:
             counts_rel = np.asarray(public_item_counts, np.float64)
             if counts_rel.shape != (M + 1,) or not np.isfinite(counts_rel).all():
                 raise ValueError(f"public_item_counts must be a finite array of shape ({M + 1},)")
-            report.assume("Re-Attention item counts (public_item_counts) declared public by the caller")
+            report.assume("item counts (public_item_counts) declared public by the caller")
         else:
             counts_rel = ra.private_item_counts(key, item_presence(data.train_input, data.train_target, M),
                                                 L + 1, cfg.hist_noise_multiplier, report)
@@ -184,6 +188,45 @@ def privacy_setup(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_c
     report.add("DP-SGD step (Poisson-sampled Gaussian)", dp_sgd_event(sigma, q, 1),
                sensitivity=cfg.l2_clip, noise_scale=sigma * cfg.l2_clip, count=steps)
     return report, float(sigma), counts_rel
+
+
+def frozen_item_rows(counts: np.ndarray, trainable: int) -> np.ndarray:
+    """Boolean [M+1] mask of the item embedding rows that never train: padding and every item outside the
+    `trainable` largest `counts` (ties broken by the lower id).
+
+    Why: DP-SGD adds N(0, σ²C²) to every coordinate of every row, and Adam scales each coordinate by its
+    (noise-dominated) second moment, so a row whose items appear in few sequences moves by about the step
+    size in a random direction every step and its embedding ends up as noise (sparsity-aware DP training
+    of embeddings, e.g. Ghazi et al. 2023, trains only frequent rows). Freezing a row discards the noise
+    on it after the release: post-processing, no change to the guarantee when `counts` are public or
+    released."""
+    counts = np.asarray(counts, np.float64)
+    M = counts.size - 1
+    if trainable < 1:
+        raise ValueError(f"trainable must be >= 1, got {trainable}")
+    order = np.argsort(-counts[1:], kind="stable")[:min(int(trainable), M)] + 1
+    frozen = np.ones(M + 1, bool)
+    frozen[order] = False
+    return frozen
+
+
+def _is_item_embedding(path) -> bool:
+    names = [getattr(k, "key", None) for k in path]
+    return names[-2:] == ["item_embed", "embedding"]
+
+
+def zero_item_rows(params, frozen: np.ndarray):
+    """params with the frozen item embedding rows set to 0: those items enter the model as content-free
+    tokens and score 0 in the tied output."""
+    keep = jnp.asarray(~frozen, jnp.float32)[:, None]
+    return jax.tree_util.tree_map_with_path(lambda p, x: x * keep if _is_item_embedding(p) else x, params)
+
+
+def freeze_item_rows(frozen: np.ndarray) -> optax.GradientTransformation:
+    """Zeroes the optimiser's update of the frozen item embedding rows (after Adam and weight decay)."""
+    def update(updates, state, params=None):
+        return zero_item_rows(updates, frozen), state
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
 def check_negatives(cfg: TrainConfig, n_items: int, counts_available: bool) -> None:
@@ -302,7 +345,7 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     L, M = data.maxlen, data.n_items
     N, q, steps = sampling_plan(data, cfg)
     private = cfg.epsilon is not None
-    if public_item_counts is not None and cfg.model == "dpformer":  # validate before any work
+    if public_item_counts is not None and (cfg.model == "dpformer" or cfg.trainable_items):  # validate first
         if np.shape(public_item_counts) != (M + 1,):
             raise ValueError(f"public_item_counts must be a finite array of shape ({M + 1},)")
     if cfg.negatives:  # fail before any work (the accounting below takes seconds)
@@ -324,6 +367,13 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
         w_var, emb_var = ra.effective_variances(sigma, cfg.l2_clip, cfg.batch_size, q, counts_rel, cfg.error_scale)
         reatt = {"w_var": jnp.float32(w_var), "emb_var": jnp.asarray(emb_var)}
 
+    frozen = None
+    if cfg.trainable_items:  # post-processing of public / released counts (exact only in a NON-PRIVATE run)
+        counts = (counts_rel if private else public_item_counts if public_item_counts is not None
+                  else item_presence(data.train_input, data.train_target, M))
+        frozen = frozen_item_rows(counts, cfg.trainable_items)
+        params = zero_item_rows(params, frozen)
+
     neg_probs = log_q = None
     if cfg.negatives:
         neg_probs = negative_probs(data, cfg, counts_rel if cfg.model == "dpformer" else public_item_counts,
@@ -334,6 +384,8 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
 
     # ---- model, optimiser, the DP-SGD step of jdp.clipping ----
     opt = optax.adamw(lr_schedule(cfg.lr, steps, cfg.warmup_frac), weight_decay=cfg.weight_decay)
+    if frozen is not None:
+        opt = optax.chain(opt, freeze_item_rows(frozen))
     loss_fn = make_loss_fn(model, log_q=log_q)  # reatt: an input of the step (`aux`), not a constant
     k_noise, k_sample, k_dropout = jax.random.split(k_train, 3)
     if jnp.issubdtype(k_noise.dtype, jax.dtypes.prng_key):

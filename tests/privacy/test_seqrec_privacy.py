@@ -182,3 +182,20 @@ def test_baselines_never_read_exact_counts():
     assert r.baselines["popularity"] == baseline_metrics(d, r.item_counts_released)["popularity"]
     exact = data.item_presence(d.train_input, d.train_target, d.n_items)
     assert not np.array_equal(r.item_counts_released, exact)
+
+
+def test_trainable_item_rows_come_from_released_counts_only():
+    """`trainable_items`: the rows that train are the top-K of the RELEASED histogram (post-processing), which any
+    model then releases inside the same budget; every other row stays exactly 0 (its noise is discarded)."""
+    d = data.load("synthetic", data_seed=1, maxlen=8)
+    cfg = train.TrainConfig(model="gru", epsilon=8.0, epochs=0.3, batch_size=64, d=8, blocks=1, dropout=0.0,
+                            eval_chunk=512, length_buckets=(), lr=1e-2, trainable_items=10)
+    r = train.train(d, cfg, jax.random.key(3), progress=False)
+    assert [rel.name for rel in r.privacy.releases][0] == "item frequency histogram"
+    assert r.privacy.epsilon() == pytest.approx(8.0, abs=1e-3)
+    frozen = train.frozen_item_rows(r.item_counts_released, 10)
+    assert (~frozen).sum() == 10 and frozen[0]
+    emb = np.asarray(r.params["params"]["item_embed"]["embedding"])
+    assert np.all(emb[frozen] == 0.0) and np.all(np.abs(emb[~frozen]).sum(axis=1) > 0)
+    exact = data.item_presence(d.train_input, d.train_target, d.n_items)
+    assert not np.array_equal(r.item_counts_released, exact)

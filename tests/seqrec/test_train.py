@@ -254,3 +254,25 @@ def test_baseline_ranks_equal_brute_force_rankings():
     toy = _toy()
     got = baseline_metrics(toy)
     assert set(got) == {"zero_cost"} and 0.0 <= got["zero_cost"]["ndcg_at_10_test"] <= got["zero_cost"]["hit_at_10_test"] <= 1
+
+
+def test_frozen_item_rows_keep_the_top_counts_and_never_move():
+    counts = np.array([99.0, 5.0, 7.0, 7.0, 1.0, 6.0])  # index 0 = padding (always frozen)
+    np.testing.assert_array_equal(train.frozen_item_rows(counts, 3), [True, True, False, False, True, False])
+    assert not train.frozen_item_rows(counts, 99)[1:].any()  # more than the catalogue: every item trains
+    with pytest.raises(ValueError):
+        train.frozen_item_rows(counts, 0)
+    with pytest.raises(ValueError):
+        train.TrainConfig(trainable_items=-1).validate()
+    # the optimiser leaves frozen rows where they are; the others move
+    frozen = train.frozen_item_rows(counts, 2)
+    params = {"params": {"item_embed": {"embedding": jnp.ones((6, 3))}, "dense": {"kernel": jnp.ones((3, 3))}}}
+    params = train.zero_item_rows(params, frozen)
+    tx = optax.chain(optax.adamw(0.1, weight_decay=0.1), train.freeze_item_rows(frozen))
+    state = tx.init(params)
+    grads = jax.tree_util.tree_map(jnp.ones_like, params)
+    upd, _ = tx.update(grads, state, params)
+    new = optax.apply_updates(params, upd)
+    emb = np.asarray(new["params"]["item_embed"]["embedding"])
+    assert np.all(emb[frozen] == 0.0) and np.all(emb[~frozen] != 1.0)
+    assert np.all(np.asarray(new["params"]["dense"]["kernel"]) != 1.0)
