@@ -475,6 +475,15 @@ def shared_random_draws(jaxpr, tainted: Sequence[bool]) -> int:
     return _taint(jaxpr, list(tainted))[1]
 
 
+def _scan_counts(params) -> tuple[int, int]:
+    """(constants, carries) among a `scan` equation's inputs: jax < 0.11 names the counts, later versions give
+    the input structure as a flat tree (consts, carry, xs)."""
+    if "num_consts" in params:
+        return params["num_consts"], params["num_carry"]
+    consts, carry, _ = params["ft_in"].unpack()
+    return len(consts), len(carry)
+
+
 def _taint(jaxpr, tainted: list[bool]) -> tuple[list[bool], int]:
     env = dict(zip(jaxpr.invars, tainted))
 
@@ -494,7 +503,7 @@ def _taint(jaxpr, tainted: list[bool]) -> tuple[list[bool], int]:
             count += max(c for _, c in res)
             outs = [ins[0] or any(r[0][i] for r in res) for i in range(len(eqn.outvars))]
         elif name == "scan":   # carries may become example-dependent after the first iteration
-            nc, nk = eqn.params["num_consts"], eqn.params["num_carry"]
+            nc, nk = _scan_counts(eqn.params)
             inner = list(ins)
             while True:
                 o, c = _taint(subs[0], inner)
@@ -614,7 +623,7 @@ def _products(jaxpr, uses, chains: dict[int, dict], in_scan: bool) -> tuple[list
                     else:
                         found += packed
                     continue
-                if name == "scan" and not in_scan and pos < eqn.params["num_consts"]:
+                if name == "scan" and not in_scan and pos < _scan_counts(eqn.params)[0]:
                     body = eqn.params["jaxpr"].jaxpr
                     inner = scans.setdefault(e, {}).setdefault(i, {})
                     if e not in body_uses:
@@ -718,7 +727,7 @@ def _eval_scan_tapped(eqn, invals, products: Sequence[RawMatmul], raw_taps):
     """A top-level `scan` equation evaluated by jax.lax.scan with its body interpreted by `_eval_tapped`: each
     iteration adds its slice of the products' taps and emits their activations."""
     p = eqn.params
-    n_consts, n_carry = p["num_consts"], p["num_carry"]
+    n_consts, n_carry = _scan_counts(p)
     consts, init, xs = invals[:n_consts], invals[n_consts:n_consts + n_carry], invals[n_consts + n_carry:]
     inner_at: dict[int, list[RawMatmul]] = {}
     for r in products:  # plain products in the body

@@ -102,7 +102,7 @@ def test_private_vocabulary_release_in_training_report(tmp_path):
     d_exact = data.load("ml-1m", path=f, maxlen=5)
     rep_x, _, _ = train.privacy_setup(d_exact, cfg, jax.random.key(1), public_item_counts=np.ones(d_exact.n_items + 1))
     assert data.EXACT_VOCAB_ASSUMPTION in rep_x.assumptions
-    assert any("Re-Attention item counts" in a for a in rep_x.assumptions)
+    assert any("item counts (public_item_counts) declared public" in a for a in rep_x.assumptions)
     assert data.EXACT_VOCAB_ASSUMPTION in rep_x.to_dict()["assumptions"]
 
 
