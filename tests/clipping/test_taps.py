@@ -205,3 +205,20 @@ def test_conv_read_mask_is_where_the_patches_read_the_input():
         mask = conv_read_mask(conv, shape)
         np.testing.assert_array_equal(np.broadcast_to(mask, shape), reached, err_msg=str((ks, st, pad, dil)))
     assert conv_read_mask(nn.Conv(2, (3,), padding="CIRCULAR"), (2, 9, 3)) is None
+
+
+def test_scan_input_counts_under_both_jax_parameter_layouts():
+    """jax < 0.11 names a scan's constant and carry counts; later versions pack the inputs as a flat tree
+    (consts, carry, xs): both give the same split."""
+    from jdp.clipping.taps import _scan_counts
+
+    class FlatTree:  # stand-in for jax's flat tree of a scan's inputs
+        def unpack(self):
+            return (["c0", "c1"], ["h"], ["x0", "x1", "x2"])
+
+    assert _scan_counts({"num_consts": 2, "num_carry": 1}) == (2, 1)
+    assert _scan_counts({"ft_in": FlatTree()}) == (2, 1)
+    # and whatever this jax version uses, on a real scan
+    jaxpr = jax.make_jaxpr(lambda c, xs: jax.lax.scan(lambda h, x: (h * c + x, h), 0.0, xs))(2.0, jnp.ones(3))
+    eqn = next(e for e in jaxpr.jaxpr.eqns if e.primitive.name == "scan")
+    assert _scan_counts(eqn.params) == (1, 1)
