@@ -245,7 +245,7 @@ def render() -> str:
               "there (+4.78%) is partly the step rule, not the weights. None approach the paper's ≥ 21.6% bucket gains. On the ML10M-scale synthetic "
               "(non-private ALS rows kept from ffab3a5, whose code path is unchanged; `--resume`) ada < tail < uniform "
               "holds for both families at ε = 1 and 5, overall and on the tail buckets (+0.15% to +7.8%); ada-dpals "
-              "beats ada-dpsgd at ε = 5 (rank 4: 0.8009 vs 0.8067) but not at ε = 1 (0.8151 vs 0.8128). `--tune "
+              "beats ada-dpsgd at ε = 5 (rank 4: 0.8010 vs 0.8067) but not at ε = 1 (0.8151 vs 0.8128). `--tune "
               "private` loses to the defaults: each of its 5 candidates runs at a fraction of ε.", ""]
     speed, _ = _load("altmin_speed")
     if speed:

@@ -82,6 +82,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dim", type=int, default=None, help="embedding dimension (default: from the data sizes and the noise, see default_dim)")
     p.add_argument("--steps", type=int, default=None, help="alternating steps (default depends on ε)")
     p.add_argument("--budget", type=int, default=100, help="per-user budget k (Σ_i w_ij² ≤ k)")
+    p.add_argument("--ratings-per-user", type=float, default=None,
+                   help="PUBLIC mean of min(ratings, k) per user, if known (default: the rank rule checks its rank "
+                        "against a private release of the total, 5%% of ε, when it would pick factors)")
     p.add_argument("--tune", choices=["none", "private"], default="none",
                    help="private: choose the item ridge / budget from a small public grid with a DP selection on the "
                         "validation ratings; the report covers every candidate run and the choice")
@@ -113,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     private = Method.parse(args.method).private
     cfg = AltMinConfig(method=args.method, epsilon=args.epsilon if private else None,
                        delta=args.delta, mu=args.mu, dim=args.dim, steps=args.steps, budget=args.budget,
-                       rating_range=rating_range, n_shards=args.n_shards or None,
+                       ratings_per_user=args.ratings_per_user, rating_range=rating_range, n_shards=args.n_shards or None,
                        merge_duplicates=args.merge_duplicates)
     if args.tune == "private" and not private:
         raise ValueError("--tune private tunes a private method; 'als' is the non-private reference")

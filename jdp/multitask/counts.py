@@ -70,6 +70,30 @@ def private_counts(key: jax.Array, user: jax.Array, item: jax.Array, n_items: in
     return PrivateCounts(jnp.maximum(noisy, 1.0), float(noise_multiplier), release.sensitivity)
 
 
+def total_count_releases(count_sample: int, noise_multiplier: float, name: str = "budget-clipped total") -> list[Release]:
+    """The release of `private_total_count`: one Gaussian of sensitivity count_sample (see there)."""
+    sens = float(count_sample)
+    return [Release(name, gaussian_event(noise_multiplier), sens, noise_multiplier * sens)]
+
+
+def private_total_count(key: jax.Array, user: jax.Array, n_users: int, count_sample: int, noise_multiplier: float,
+                        report: PrivacyReport | None = None, name: str = "budget-clipped total") -> float:
+    """Noisy Σ_j min(n_j, count_sample): every user's number of rows, each capped at count_sample.
+
+    Removing user j changes the total by min(n_j, count_sample) ≤ count_sample (the sensitivity; rows are
+    counted, so it holds with duplicate rows too). One Gaussian release, recorded in `report`. n_users is
+    the public user id space (the segment count)."""
+    check_positive(noise_multiplier, "noise_multiplier")
+    if count_sample < 1:
+        raise ValueError(f"count_sample must be >= 1, got {count_sample}")
+    per_user = jnp.minimum(jnp.bincount(jnp.asarray(user), length=n_users), count_sample)
+    (release,) = total_count_releases(count_sample, noise_multiplier, name)  # the noise drawn is the noise recorded
+    noisy = add_gaussian(key, jnp.sum(per_user).astype(jnp.float32), release.noise_scale)
+    if report is not None:
+        report.add_release(release)
+    return float(noisy)
+
+
 def private_label_sum(key: jax.Array, user: jax.Array, label: jax.Array, label_bound: float, count_sample: int,
                       noise_multiplier: float, report: PrivacyReport | None = None,
                       name: str = "global mean") -> tuple[float, float]:

@@ -65,13 +65,22 @@ def test_method_names_parse_into_update_rule_and_allocation():
 
 def test_calibration_uses_bisection_on_the_whole_event():
     cfg = AltMinConfig(method="ada-dpals", epsilon=1.0, steps=2, global_mean="private").resolve()
-    s_mean, s_counts, sigma = calibrate_noise(cfg)
+    noise = calibrate_noise(cfg)
+    s_mean, s_counts, sigma = noise.mean, noise.counts, noise.training
+    assert noise.size is None  # the rank check's release only when plan_run asks for it
     g = dp_accounting.GaussianDpEvent
     ev = dp_accounting.ComposedDpEvent([dp_accounting.SelfComposedDpEvent(g(s_mean), 2), g(s_counts),
                                         dp_accounting.SelfComposedDpEvent(dp_accounting.ComposedDpEvent([g(sigma)] * 2), 2)])
     assert compute_epsilon(ev, 1e-5) == pytest.approx(1.0, rel=1e-3)
     assert compute_epsilon(dp_accounting.SelfComposedDpEvent(g(s_mean), 2), 1e-5) == pytest.approx(0.1, rel=1e-2)
     assert calibrate_noise(AltMinConfig(method="ada-dpals", epsilon=1.0, steps=2).resolve())[0] is None  # public prior
+    # with the rank check's total (sensitivity k): it alone spends size_fraction of ε, all together still ε
+    with_size = calibrate_noise(cfg, size_release=True)
+    assert compute_epsilon(g(with_size.size), 1e-5) == pytest.approx(0.05, rel=1e-2)
+    ev = dp_accounting.ComposedDpEvent([g(with_size.size), ev.events[0], g(with_size.counts),
+                                        dp_accounting.SelfComposedDpEvent(
+                                            dp_accounting.ComposedDpEvent([g(with_size.training)] * 2), 2)])
+    assert compute_epsilon(ev, 1e-5) == pytest.approx(1.0, rel=1e-3) and with_size.training > sigma
 
 
 def test_default_dim_depends_on_public_sizes_and_noise_only(small):
@@ -88,7 +97,9 @@ def test_default_dim_depends_on_public_sizes_and_noise_only(small):
     # fit() resolves an unset dim from the calibrated σ and the id-space sizes, never from the ratings
     _, (train, _, _) = small
     model = fit(train, AltMinConfig(method="dpals-uniform", epsilon=200.0, steps=1, show_progress=False))
-    assert model.config.dim == default_dim(train.n_users, train.n_items, 100, model.noise_multiplier, 0.5) > 0
+    per_user = model.timings["released_ratings_per_user"]  # the rank check's released mean of min(n_j, k)
+    assert model.config.dim == default_dim(train.n_users, train.n_items, 100, model.noise_multiplier, 0.5,
+                                           per_user) > 0
     assert model.item_factors.shape == (train.n_items, model.config.dim)
     assert AltMinConfig(method="als").resolve().dim == 32
     with pytest.raises(ValueError, match="noise_multiplier"):
@@ -282,6 +293,20 @@ def test_tiny_epsilon_stays_at_the_zero_cost_model():
                 for s in range(2)]
         rmse, zero = np.mean([m["rmse_test"] for m in rows]), np.mean([m["rmse_zero_cost_test"] for m in rows])
         assert rmse <= zero + 5e-4, (method, rmse, zero)
+
+
+def test_light_users_do_not_get_a_rank_the_noise_cannot_carry():
+    """Graceful degradation on small data with light users (400 users × 80 items × 20 ratings, k = 100): the rank
+    rule's optimistic per-item signal (every user spends k) gave rank 4 at ε = 5 and lost to the zero-cost model
+    (ada-dpals 1.05-1.06, dpals-uniform 1.09-1.16 vs 0.979). With the rank checked against the released
+    budget-clipped total the defaults stay at the zero-cost model or better."""
+    data = planted_powerlaw(seed=0, n_users=400, n_items=80, nnz=8000).data
+    for method in ("ada-dpals", "dpals-uniform"):
+        rows = [rating_experiment(data, AltMinConfig(method=method, epsilon=5.0, show_progress=False), seed=s)
+                for s in range(2)]
+        rmse = np.mean([r["metrics"]["rmse_test"] for r in rows])
+        zero = np.mean([r["metrics"]["rmse_zero_cost_test"] for r in rows])
+        assert rmse <= zero + 2e-3, (method, rmse, zero)
 
 
 def test_user_side_item_bias_scale_recovers_planted_slopes_and_is_free():

@@ -58,7 +58,8 @@ def test_report_after_fit_is_the_event_calibration_used(ratings, method):
     assert cfg.epsilon * (1 - 1e-3) <= rep.epsilon() <= cfg.epsilon * (1 + 1e-6)
     plan = plan_run(cfg, ratings.n_users, ratings.n_items)
     assert repr(plan.event()) == repr(calibrated) and plan.config == model.config
-    sigma_mean, sigma_counts, sigma = plan.noise
+    sigma_mean, sigma_counts, sigma = plan.noise.mean, plan.noise.counts, plan.noise.training
+    assert plan.noise.size is None  # dim given: no rank check
     assert model.noise_multiplier == sigma
     names = [r.name for r in rep.releases]
     assert names[:2] == ["global mean (sum)", "global mean (count)"]
@@ -181,6 +182,49 @@ def test_private_mean_worst_case_user_within_recorded_sensitivity():
         (sum_rel, cnt_rel) = rep.releases
         assert abs(s1 - s0) <= sum_rel.sensitivity * (1 + 1e-4) and abs(s1 - s0) >= sum_rel.sensitivity * (1 - 1e-3)
         assert abs(c1 - c0) <= cnt_rel.sensitivity * (1 + 1e-4) and abs(c1 - c0) >= cnt_rel.sensitivity * (1 - 1e-3)
+
+
+def test_budget_clipped_total_worst_case_user_within_recorded_sensitivity():
+    """The rank check's release Σ_j min(n_j, k): a user with many rows (or one row repeated) moves it by
+    exactly k, its recorded sensitivity, whatever the other users hold."""
+    from jdp.multitask.counts import private_total_count
+
+    n, k = 40, 7
+    others = np.repeat(np.arange(n - 1), np.arange(n - 1) % 12)  # 0 … 11 rows each: some above k, some below
+    for label, rows in {"many rows": 50, "one row repeated": 50, "exactly k rows": k}.items():
+        rep = PrivacyReport(1e-5)
+        t0 = private_total_count(jax.random.key(3), jnp.asarray(others), n, k, 1e-4)
+        t1 = private_total_count(jax.random.key(3), jnp.asarray(np.r_[others, np.full(rows, n - 1)]), n, k, 1e-4, rep)
+        (release,) = rep.releases
+        assert release.sensitivity == k and release.noise_scale == pytest.approx(1e-4 * k)
+        assert abs(t1 - t0) <= k * (1 + 1e-4) and abs(t1 - t0) >= k * (1 - 1e-3), label
+
+
+def test_rank_check_release_is_accounted_and_only_lowers_the_rank():
+    """Light users (20 ratings each, budget k = 100): the rank that assumes every user spends k is checked
+    against the released budget-clipped total. The release is in the report beside the others, the whole
+    run still spends exactly ε, candidate_event (the optimistic branch, what tune_private composes) gives
+    the same ε, and the checked rank is never above the optimistic one (here: 0, biases only)."""
+    data = planted_powerlaw(seed=0, n_users=400, n_items=80, nnz=8000).data
+    cfg = AltMinConfig(method="ada-dpals", epsilon=5.0, show_progress=False)
+    optimistic = plan_run(cfg, data.n_users, data.n_items)
+    assert optimistic.config.dim > 0 and optimistic.noise.size is not None
+    model = fit(data, cfg, seed=0)
+    names = [r.name for r in model.report.releases]
+    assert names[0] == "ratings per user (budget-clipped total)"
+    size = model.report.releases[0]
+    assert size.sensitivity == cfg.budget and size.noise_scale == pytest.approx(optimistic.noise.size * cfg.budget)
+    assert model.report.epsilon() == pytest.approx(5.0, rel=1e-3)
+    assert compute_epsilon(candidate_event(cfg, data.n_users, data.n_items), cfg.delta) == pytest.approx(5.0, rel=1e-3)
+    per_user = model.timings["released_ratings_per_user"]
+    assert 0 <= per_user <= 20.5  # a lower bound of the true mean (20): 2 noise stds below the release
+    assert model.config.dim == 0 < optimistic.config.dim
+    # a declared public r̄ skips the release; a caller-set dim needs no check
+    declared = plan_run(dataclasses.replace(cfg, ratings_per_user=20.0), data.n_users, data.n_items)
+    assert declared.noise.size is None and declared.config.dim == 0
+    assert plan_run(dataclasses.replace(cfg, dim=4), data.n_users, data.n_items).noise.size is None
+    with pytest.raises(ValueError, match="ratings_per_user"):
+        AltMinConfig(ratings_per_user=101.0).resolve()
 
 
 def _stacked_gram(task, x, y, w, m):
