@@ -805,8 +805,9 @@ def fit(train: Interactions, cfg: AltMinConfig, seed: int | None = None, *, tune
     if cfg.merge_duplicates:
         report.assume("duplicate (user, item) ratings merged into their mean per user before training")
 
-    # Everything private is fixed before any rating is read: the resolved config (rank, steps), the noise
-    # multipliers and the releases. The report lists exactly the releases the calibration composed.
+    # Everything private is fixed before any rating is read (the resolved config, the noise multipliers, the
+    # releases), except the rank check's choice among plans that all spend the same Gaussian budget
+    # (`plan_run`). The report lists exactly the releases the calibration composed.
     plan = plan_run(cfg, n_users, n_items)
     if plan.noise is not None and plan.noise.size is not None:  # the rank check: release the users' sizes, re-plan
         total = private_total_count(jax.random.fold_in(key, 7), jnp.asarray(train.user), n_users, cfg.budget,
