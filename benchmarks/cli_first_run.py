@@ -108,7 +108,11 @@ def render() -> None:
               "JAX_LOG_COMPILES): 14.8 / 14.7 / 13.8 s before against 15.1 / 13.1 / 15.0 s with it, interleaved: "
               "on 2 cores the compilations already fill both, so running them side by side moves no work off the "
               "critical path. `XLA_FLAGS=--xla_backend_optimization_level=0` compiles the step in 2.6 s instead of "
-              "5.9 s but runs it 3× slower (0.8 vs 0.27 s per step): 22–28 s in all; level 1 saves nothing.", ""]
+              "5.9 s but runs it 3× slower (0.8 vs 0.27 s per step): 22–28 s in all; level 1 saved nothing then "
+              "(single runs on a host drifting ±25%). Re-measured on 2026-11-27, 4 interleaved runs each, XLA "
+              "cache off: default 10.9 s (10.1-11.4), level 1 10.0 s (9.4-10.5; first step 4.7 → 3.9 s, 0.10 s "
+              "per step either way), `--xla_llvm_disable_expensive_passes` 10.9 s, both 9.9 s: the quick run "
+              "has used level 1 since (when the caller sets no `XLA_FLAGS`).", ""]
     (RESULTS_DIR.parent / "sections" / "cli.md").write_text("\n".join(lines))
 
 

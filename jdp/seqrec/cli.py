@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import pathlib
 import time
 
@@ -123,6 +124,22 @@ def baseline_warnings(metrics: dict, baselines: dict) -> list[str]:
     return out
 
 
+QUICK_XLA_FLAGS = "--xla_backend_optimization_level=1"
+
+
+def quick_compile_flags() -> bool:
+    """The quick first run (`--data synthetic`, default epochs: 16 steps) spends most of its time compiling, so
+    it asks XLA's backend for less optimisation. Measured on a 2-core CPU, first runs without the compilation
+    cache, 4 interleaved runs each: 10.9 s → 10.0 s wall (first step 4.7 → 3.9 s), the same time per step
+    (0.10 s); `--xla_llvm_disable_expensive_passes` added nothing, level 0 runs each step 3× slower. Only when
+    the caller set no XLA_FLAGS (called before the first computation: XLA reads them when its backend
+    starts); returns whether it set them."""
+    if "XLA_FLAGS" in os.environ:
+        return False
+    os.environ["XLA_FLAGS"] = QUICK_XLA_FLAGS
+    return True
+
+
 def run(args: argparse.Namespace) -> int:
     import jax
 
@@ -130,6 +147,8 @@ def run(args: argparse.Namespace) -> int:
     from jdp.seqrec.train import train
 
     logging.getLogger("absl").setLevel(logging.ERROR)
+    if args.data == "synthetic" and args.epochs is None:
+        quick_compile_flags()
     t0 = time.perf_counter()
     path = args.data_path
     if path is None and args.data != "synthetic":
@@ -187,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
                 max_seconds=args.time_limit)
     out = {
         "data": args.data, **({"data_seed": args.data_seed} if args.data == "synthetic" else {}), "model": args.model, "epsilon": cfg.epsilon, "delta": cfg.delta, "seed": seed,
-        "device": jax.devices()[0].device_kind, "n_users": d.n_users, "n_items": d.n_items, "maxlen": d.maxlen,
+        "device": jax.devices()[0].device_kind, "xla_flags": os.environ.get("XLA_FLAGS"), "n_users": d.n_users, "n_items": d.n_items, "maxlen": d.maxlen,
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(cfg).items()},
         "noise_multiplier": res.noise_multiplier, "steps": res.steps,
         "vocabulary": args.vocabulary, "vocabulary_assumptions": list(d.vocab_assumptions),

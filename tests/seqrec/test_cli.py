@@ -1,6 +1,7 @@
 """`jdp seqrec` end to end on ML-100K at a tiny size: JSON with metrics, privacy report, timings, per-epoch
 history with ε spent, checkpoint + --resume."""
 import json
+import os
 
 import pytest
 
@@ -49,3 +50,13 @@ def test_baseline_warnings_name_every_baseline_the_model_does_not_beat():
     both = baseline_warnings({"ndcg_at_10_test": -1.0}, base)
     assert [("zero-cost" in w, "popularity" in w) for w in both] == [(True, False), (False, True)]
     assert baseline_warnings({}, base) == [] and baseline_warnings({"ndcg_at_10_test": 0.0}, {}) == []
+
+
+def test_quick_run_lowers_xla_optimisation_only_when_the_caller_set_no_flags(monkeypatch):
+    """The quick first run (`--data synthetic`, default epochs) asks XLA for less backend optimisation
+    (compilation dominates its 16 steps); flags the caller set are kept, and the run records them."""
+    from jdp.seqrec import cli as seqrec_cli
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    assert seqrec_cli.quick_compile_flags() and os.environ["XLA_FLAGS"] == seqrec_cli.QUICK_XLA_FLAGS
+    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/x")
+    assert not seqrec_cli.quick_compile_flags() and os.environ["XLA_FLAGS"] == "--xla_dump_to=/tmp/x"
