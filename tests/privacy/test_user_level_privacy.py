@@ -225,6 +225,11 @@ def test_rank_check_release_is_accounted_and_only_lowers_the_rank():
     assert plan_run(dataclasses.replace(cfg, dim=4), data.n_users, data.n_items).noise.size is None
     with pytest.raises(ValueError, match="ratings_per_user"):
         AltMinConfig(ratings_per_user=101.0).resolve()
+    # noisy GD without biases (factors only): checked at sample_rate 1 (plain Gaussians), not when subsampled
+    sgd = AltMinConfig(method="dpsgd-uniform", epsilon=5.0, biases=False, show_progress=False)
+    assert plan_run(sgd, data.n_users, data.n_items).noise.size is not None
+    assert plan_run(sgd, data.n_users, data.n_items, released_ratings_per_user=0.0).config.dim == 1
+    assert plan_run(dataclasses.replace(sgd, sample_rate=0.5), data.n_users, data.n_items).noise.size is None
 
 
 def _stacked_gram(task, x, y, w, m):
