@@ -13,6 +13,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jdp.accounting import PrivacyReport, Release, gaussian_event
 from jdp.data.interactions import check_unique_pairs
@@ -86,6 +87,9 @@ def private_total_count(key: jax.Array, user: jax.Array, n_users: int, count_sam
     check_positive(noise_multiplier, "noise_multiplier")
     if count_sample < 1:
         raise ValueError(f"count_sample must be >= 1, got {count_sample}")
+    user = np.asarray(user)
+    if user.size and (user.min() < 0 or user.max() >= n_users):
+        raise ValueError(f"user ids must lie in [0, n_users = {n_users}) (the declared user id space)")
     per_user = jnp.minimum(jnp.bincount(jnp.asarray(user), length=n_users), count_sample)
     (release,) = total_count_releases(count_sample, noise_multiplier, name)  # the noise drawn is the noise recorded
     noisy = add_gaussian(key, jnp.sum(per_user).astype(jnp.float32), release.noise_scale)

@@ -198,6 +198,8 @@ def test_budget_clipped_total_worst_case_user_within_recorded_sensitivity():
         (release,) = rep.releases
         assert release.sensitivity == k and release.noise_scale == pytest.approx(1e-4 * k)
         assert abs(t1 - t0) <= k * (1 + 1e-4) and abs(t1 - t0) >= k * (1 - 1e-3), label
+    with pytest.raises(ValueError, match="user ids"):
+        private_total_count(jax.random.key(3), jnp.asarray([0, n]), n, k, 1.0)
 
 
 def test_rank_check_release_is_accounted_and_only_lowers_the_rank():
