@@ -62,36 +62,44 @@ class SelfAttention(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-LayerNorm Transformer block: x + Attn(LN(x)), then x + FFN(LN(x))."""
+    """Transformer block. norm="pre" (SASRec, the default): x + Attn(LN(x)), then x + FFN(LN(x));
+    norm="post" (Vaswani et al.'s encoder): LN(x + Attn(x)), then LN(x + FFN(x)). FFN: d -> ffn_dim -> d."""
     d: int
     heads: int
     dropout: float
     activation: str = "relu"
+    norm: str = "pre"
+    ffn_dim: int | None = None
 
     @nn.compact
     def __call__(self, x, var_x, valid, deterministic: bool, w_var):
         track = var_x is not None
-        ln1 = nn.LayerNorm(epsilon=1e-6, name="ln1")
-        h = ln1(x)
-        var_h = ra.layernorm_var(x, var_x, ln1.variables["params"]["scale"], w_var) if track else None
+        pre_ln = self.norm == "pre"
+        ln1, ln2 = nn.LayerNorm(epsilon=1e-6, name="ln1"), nn.LayerNorm(epsilon=1e-6, name="ln2")
+
+        def norm(ln, z, var_z):  # LayerNorm and its variance rule
+            return ln(z), (ra.layernorm_var(z, var_z, ln.variables["params"]["scale"], w_var) if track else None)
+
+        # attention sub-layer
+        h, var_h = norm(ln1, x, var_x) if pre_ln else (x, var_x)
         a, var_a = SelfAttention(self.d, self.heads, self.dropout, name="attn")(h, var_h, valid, deterministic, w_var)
         x = x + nn.Dropout(self.dropout)(a, deterministic=deterministic)
         var_x = var_x + var_a if track else None
-        x_mid = x
-        ln2 = nn.LayerNorm(epsilon=1e-6, name="ln2")
-        h = ln2(x)
-        fc1, fc2 = nn.Dense(self.d, name="fc1"), nn.Dense(self.d, name="fc2")
+        if not pre_ln:
+            x, var_x = norm(ln1, x, var_x)
+        # feed-forward sub-layer
+        h, var_h = norm(ln2, x, var_x) if pre_ln else (x, var_x)
+        fc1, fc2 = nn.Dense(self.ffn_dim or self.d, name="fc1"), nn.Dense(self.d, name="fc2")
         pre = fc1(h)
         act = jax.nn.relu if self.activation == "relu" else (lambda z: jax.nn.gelu(z, approximate=False))
-        z = nn.Dropout(self.dropout)(act(pre), deterministic=deterministic)
-        f = fc2(z)
-        x = x + nn.Dropout(self.dropout)(f, deterministic=deterministic)
+        f = fc2(nn.Dropout(self.dropout)(act(pre), deterministic=deterministic))
         if track:
-            var_h = ra.layernorm_var(x_mid, var_x, ln2.variables["params"]["scale"], w_var)
             var_pre = ra.linear_var(h, var_h, fc1.variables["params"]["kernel"], w_var)
             _, var_z = ra.activation_moments(self.activation, pre, var_pre)
-            var_f = ra.linear_var(act(pre), var_z, fc2.variables["params"]["kernel"], w_var)
-            var_x = var_x + var_f
+            var_x = var_x + ra.linear_var(act(pre), var_z, fc2.variables["params"]["kernel"], w_var)
+        x = x + nn.Dropout(self.dropout)(f, deterministic=deterministic)
+        if not pre_ln:
+            x, var_x = norm(ln2, x, var_x)
         x = x * valid[..., None]
         return x, (var_x * valid[..., None] if track else None)
 
@@ -120,7 +128,9 @@ def _output(model: SeqRecModel, h: jax.Array, embed: nn.Embed, targets: jax.Arra
 
 
 class TransformerRec(SeqRecModel):
-    """SASRec-style Transformer: learned positions, `blocks` pre-LN blocks, final LayerNorm.
+    """Transformer over item sequences with learned positions. norm="pre" (default): SASRec's pre-LN
+    blocks and a final LayerNorm; norm="post": Vaswani et al.'s post-LN encoder (no final LayerNorm).
+    ffn_dim: the feed-forward width (None = d, SASRec's; Vaswani's ratio is 4d).
 
     reattention=True enables the logit correction in every attention layer (needs `reatt` values)."""
     heads: int = 1
@@ -128,6 +138,8 @@ class TransformerRec(SeqRecModel):
     maxlen: int = 50
     activation: str = "relu"
     reattention: bool = False
+    norm: str = "pre"
+    ffn_dim: int | None = None
 
     @nn.compact
     def __call__(self, seq: jax.Array, deterministic: bool = True, reatt: dict | None = None,
@@ -148,9 +160,9 @@ class TransformerRec(SeqRecModel):
             var_x = jnp.broadcast_to(ev[..., None], x.shape) * valid[..., None]
         x = nn.Dropout(self.dropout)(x, deterministic=deterministic)
         for b in range(self.blocks):
-            x, var_x = Block(self.d, self.heads, self.dropout, self.activation, name=f"block{b}")(
-                x, var_x, valid, deterministic, w_var)
-        h = nn.LayerNorm(epsilon=1e-6, name="ln_f")(x)
+            x, var_x = Block(self.d, self.heads, self.dropout, self.activation, self.norm, self.ffn_dim,
+                             name=f"block{b}")(x, var_x, valid, deterministic, w_var)
+        h = nn.LayerNorm(epsilon=1e-6, name="ln_f")(x) if self.norm == "pre" else x
         if last_only:
             h = h[:, -1:]
         return _output(self, h, embed, targets, negatives)
@@ -180,10 +192,14 @@ class RNNRec(SeqRecModel):
 MODELS = ("dpformer", "transformer", "transformer-untied", "gru", "lstm")
 
 
+NORMS = ("pre", "post")
+
+
 def make_model(name: str, n_items: int, maxlen: int, d: int = 64, heads: int = 1, blocks: int = 2,
-               dropout: float = 0.2, activation: str = "relu") -> SeqRecModel:
+               dropout: float = 0.2, activation: str = "relu", norm: str = "pre",
+               ffn_dim: int | None = None) -> SeqRecModel:
     """The paper's five models: dpformer (tied + Re-Attention), transformer (tied), transformer-untied,
-    gru, lstm (tied)."""
+    gru, lstm (tied). norm / ffn_dim shape the Transformers' blocks (see `TransformerRec`)."""
     if name not in MODELS:
         raise ValueError(f"model must be one of {MODELS}, got {name!r}")
     if n_items < 1 or maxlen < 1 or d < 1:
@@ -192,11 +208,15 @@ def make_model(name: str, n_items: int, maxlen: int, d: int = 64, heads: int = 1
         raise ValueError(f"d={d} must be divisible by heads={heads}")
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+    if norm not in NORMS:
+        raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+    if ffn_dim is not None and int(ffn_dim) < 1:
+        raise ValueError(f"ffn_dim must be >= 1, got {ffn_dim}")
     if name in ("gru", "lstm"):
         return RNNRec(n_items=n_items, d=d, dropout=dropout, tied=True, cell=name, maxlen=maxlen)
     return TransformerRec(n_items=n_items, d=d, dropout=dropout, tied=(name != "transformer-untied"),
                           heads=heads, blocks=blocks, maxlen=maxlen, activation=activation,
-                          reattention=(name == "dpformer"))
+                          reattention=(name == "dpformer"), norm=norm, ffn_dim=ffn_dim)
 
 
 @jax.custom_vjp
@@ -275,5 +295,5 @@ def make_loss_fn(model: SeqRecModel, reatt: dict | None = None, deterministic: b
     return loss_fn
 
 
-__all__ = ["MODELS", "RNNRec", "SelfAttention", "TransformerRec", "make_loss_fn", "make_model", "next_item_loss",
+__all__ = ["MODELS", "NORMS", "RNNRec", "SelfAttention", "TransformerRec", "make_loss_fn", "make_model", "next_item_loss",
            "sampled_next_item_loss"]

@@ -42,7 +42,7 @@ from jdp.clipping.engine import check_batch_chunk
 from jdp.seqrec import reattention as ra
 from jdp.seqrec.data import SeqData, item_presence
 from jdp.seqrec.evaluate import baseline_metrics, evaluate, evaluation_shapes, make_rank_fn_reatt
-from jdp.seqrec.models import make_loss_fn, make_model
+from jdp.seqrec.models import NORMS, make_loss_fn, make_model
 from jdp.validation import check_delta, check_epsilon, check_positive
 
 
@@ -77,6 +77,8 @@ class TrainConfig:
     blocks: int = 2
     dropout: float = 0.5
     activation: str = "relu"
+    norm: str = "pre"                 # Transformer blocks: "pre" (SASRec) or "post" (Vaswani et al.'s encoder)
+    ffn_dim: int | None = None        # Transformer feed-forward width (None = d)
     chunk_rows: int = 1024            # users × window positions per jit call (physical chunk; 1024: ~1.3× the real
                                       # positions on Amazon Games at B = 1024, 2048: ~1.55×, same speed per position)
     hist_noise_multiplier: float = 10.0  # Gaussian histogram noise / sqrt(maxlen+1)
@@ -113,6 +115,10 @@ class TrainConfig:
             raise ValueError(f"negative_sampler must be one of {NEGATIVE_SAMPLERS}, got {self.negative_sampler!r}")
         if self.negatives and self.model == "transformer-untied":
             raise ValueError("a sampled softmax (negatives > 0) needs a tied output embedding")
+        if self.norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
+        if self.ffn_dim is not None and int(self.ffn_dim) < 1:
+            raise ValueError(f"ffn_dim must be >= 1, got {self.ffn_dim}")
         if self.clipping not in CLIPPING_METHODS:
             raise ValueError(f"clipping must be one of {CLIPPING_METHODS}, got {self.clipping!r}")
 
@@ -350,7 +356,8 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
             raise ValueError(f"public_item_counts must be a finite array of shape ({M + 1},)")
     if cfg.negatives:  # fail before any work (the accounting below takes seconds)
         check_negatives(cfg, M, cfg.model == "dpformer" or public_item_counts is not None)
-    model = make_model(cfg.model, M, L, cfg.d, cfg.heads, cfg.blocks, cfg.dropout, cfg.activation)
+    model = make_model(cfg.model, M, L, cfg.d, cfg.heads, cfg.blocks, cfg.dropout, cfg.activation, cfg.norm,
+                       cfg.ffn_dim)
     k_init, k_hist, k_train = jax.random.split(key, 3)
 
     # compilations off the critical path: XLA releases the GIL while it compiles, so on a first run the

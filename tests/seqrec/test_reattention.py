@@ -87,14 +87,15 @@ def test_logit_correction_unbiases_expected_attention_weight():
     assert corr > 0.05
 
 
-def _tiny_transformer(reattention):
+def _tiny_transformer(reattention, norm="pre", ffn_dim=None):
     return models.make_model("dpformer" if reattention else "transformer", n_items=30, maxlen=7, d=8,
-                             heads=2, blocks=2, dropout=0.0)
+                             heads=2, blocks=2, dropout=0.0, norm=norm, ffn_dim=ffn_dim)
 
 
-def test_zero_noise_reattention_is_identity_and_noise_changes_attention():
+@pytest.mark.parametrize("norm,ffn_dim", [("pre", None), ("post", 32)])
+def test_zero_noise_reattention_is_identity_and_noise_changes_attention(norm, ffn_dim):
     seq = jnp.array([[0, 0, 3, 7, 1, 29, 5], [4, 4, 9, 2, 11, 30, 8]])
-    vanilla, dpf = _tiny_transformer(False), _tiny_transformer(True)
+    vanilla, dpf = _tiny_transformer(False, norm, ffn_dim), _tiny_transformer(True, norm, ffn_dim)
     params = jax.jit(vanilla.init)(jax.random.key(0), seq)
     zero = {"w_var": 0.0, "emb_var": jnp.zeros(31)}
 

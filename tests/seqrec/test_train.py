@@ -44,10 +44,12 @@ def _assert_equals_naive_clipping(loss_fn, params, batch, method, clip=0.05):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
 
 
-@pytest.mark.parametrize("method", ["auto", pytest.param("vmap", marks=pytest.mark.slow)])
-def test_library_clipping_on_dpformer_equals_naive_per_example_clipping(method):
+@pytest.mark.parametrize("method,norm", [("auto", "pre"), ("auto", "post"),
+                                         pytest.param("vmap", "pre", marks=pytest.mark.slow)])
+def test_library_clipping_on_dpformer_equals_naive_per_example_clipping(method, norm):
     d = _toy()
-    model = models.make_model("dpformer", d.n_items, d.maxlen, d=8, heads=1, blocks=1, dropout=0.0)
+    model = models.make_model("dpformer", d.n_items, d.maxlen, d=8, heads=1, blocks=1, dropout=0.0, norm=norm,
+                              ffn_dim=None if norm == "pre" else 16)
     params = jax.jit(model.init)(jax.random.key(0), jnp.asarray(d.train_input[:2]))
     reatt = {"w_var": 1e-4, "emb_var": jnp.full((d.n_items + 1,), 1e-2)}
     B = 8
@@ -202,6 +204,10 @@ def test_invalid_configs_raise():
         train.train(d, train.TrainConfig(batch_size=10_000), jax.random.key(0))
     with pytest.raises(ValueError, match="model"):
         models.make_model("bert", 10, 5)
+    with pytest.raises(ValueError, match="norm"):
+        models.make_model("transformer", 10, 5, norm="sandwich")
+    with pytest.raises(ValueError, match="ffn_dim"):
+        train.TrainConfig(ffn_dim=0).validate()
     with pytest.raises(ValueError, match="public_item_counts"):
         train.train(d, train.TrainConfig(batch_size=8, epochs=0.1), jax.random.key(0), public_item_counts=np.ones(3))
     # sanity: the calibrated noise multiplier matches the accountant for the composed events
