@@ -134,31 +134,26 @@ def test_declared_user_count_fixes_the_sampling_plan():
     assert not any("number of users" in a for a in report.assumptions)
 
 
-def test_sampled_softmax_step_moves_by_one_clipped_user_when_the_layout_changes():
-    """Worst neighbour for the sampled softmax: an added user long enough to reshuffle every other user
-    into other chunks (other windows, other chunk sizes). The step's negatives are one draw shared by
-    every chunk, so the accumulated clipped sum moves by exactly that user's clipped gradient (norm C)."""
+def _worst_neighbour_step_change(model, loss_fn, C: float, seed: int, negatives=None) -> float:
+    """‖Σ clipped grads with user 12 − without it‖ for one step's users laid out in length chunks, where user 12 is
+    long enough to move every other user into other chunks (other windows, other chunk sizes); every user clipped."""
     import jax.numpy as jnp
     import optax
 
     from jdp import clipping as jc
-    from jdp.seqrec import models
-    rng = np.random.default_rng(0)
-    n_items, L = 30, 8
+    rng = np.random.default_rng(seed)
+    n_items, L = model.n_items, 8
     seqs = [rng.integers(1, n_items + 1, rng.integers(3, 6)).astype(np.int32) for _ in range(12)]
     seqs.append(rng.integers(1, n_items + 1, 12).astype(np.int32))  # user 12: long, the added neighbour
     d = data.leave_last_out(seqs, n_items, L)
-    model = models.make_model("gru", n_items, L, d=8, dropout=0.0)
     params = jax.jit(model.init)(jax.random.key(0), jnp.asarray(d.train_input[:1]))
-    C = 1e-3  # every user is clipped: the bound is attained
-    dp = jc.dp_sgd(models.make_loss_fn(model), optax.sgd(0.1), num_examples=13, batch_size=4, l2_clip=C,
-                   delta=1e-5, steps=1, noise_multiplier=1.0)
-    negs = jnp.asarray(train.sample_negatives(jax.random.key(5), n_items, 10, None))
+    dp = jc.dp_sgd(loss_fn, optax.sgd(0.1), num_examples=13, batch_size=4, l2_clip=C, delta=1e-5, steps=1,
+                   noise_multiplier=1.0)
     windows = np.array([2, 4, 6, L])
 
     def step_sum(idx):
         acc = jax.tree.map(jnp.zeros_like, params)
-        chunks = train.step_batches(d, np.asarray(idx), windows, 12, jax.random.key(1), negs)
+        chunks = train.step_batches(d, np.asarray(idx), windows, 12, jax.random.key(1), negatives)
         for _, batch, mask in chunks:
             acc, _ = dp.accumulate(params, acc, batch, mask)
         return np.concatenate([np.ravel(x) for x in jax.tree.leaves(acc)]), [(w, int(m.size)) for w, _, m in chunks]
@@ -166,45 +161,36 @@ def test_sampled_softmax_step_moves_by_one_clipped_user_when_the_layout_changes(
     base, layout = step_sum(np.arange(12))
     worst, layout2 = step_sum(np.arange(13))
     assert layout != layout2  # the added user changed the other users' chunks
-    assert np.linalg.norm(worst - base) == pytest.approx(C, rel=1e-3)
+    return float(np.linalg.norm(worst - base))
+
+
+def test_sampled_softmax_step_moves_by_one_clipped_user_when_the_layout_changes():
+    """Worst neighbour for the sampled softmax: an added user that reshuffles every other user into other
+    chunks. The step's negatives are one draw shared by every chunk, so the accumulated clipped sum moves by
+    exactly that user's clipped gradient (norm C)."""
+    import jax.numpy as jnp
+
+    from jdp.seqrec import models
+    model = models.make_model("gru", 30, 8, d=8, dropout=0.0)
+    negs = jnp.asarray(train.sample_negatives(jax.random.key(5), 30, 10, None))
+    C = 1e-3  # every user is clipped: the bound is attained
+    assert _worst_neighbour_step_change(model, models.make_loss_fn(model), C, 0, negs) == pytest.approx(C, rel=1e-3)
 
 
 @pytest.mark.parametrize("norm", ["pre", "post"])
 def test_dpformer_step_moves_by_one_clipped_user_in_either_block_layout(norm):
     """Worst neighbour for the full-softmax DPFormer (Re-Attention on, tied embedding, Phantom clipping), in both
-    block layouts (SASRec's pre-LN, Vaswani's post-LN with a 4d feed-forward): an added user long enough to move
-    the others into other chunks, every user clipped; the accumulated clipped sum moves by exactly C. Dropout off:
-    its masks are i.i.d. per user whatever the layout, so the analysis couples them; a fixed key would not."""
+    block layouts (SASRec's pre-LN, Vaswani's post-LN with a wider feed-forward): the same reshuffling neighbour,
+    every user clipped; the accumulated clipped sum moves by exactly C. Dropout off: its masks are i.i.d. per user
+    whatever the layout, so the analysis couples them; a fixed key would not."""
     import jax.numpy as jnp
-    import optax
 
-    from jdp import clipping as jc
     from jdp.seqrec import models
-    rng = np.random.default_rng(1)
-    n_items, L = 30, 8
-    seqs = [rng.integers(1, n_items + 1, rng.integers(3, 6)).astype(np.int32) for _ in range(12)]
-    seqs.append(rng.integers(1, n_items + 1, 12).astype(np.int32))  # user 12: long, the added neighbour
-    d = data.leave_last_out(seqs, n_items, L)
-    model = models.make_model("dpformer", n_items, L, d=8, blocks=1, dropout=0.0, norm=norm,
+    model = models.make_model("dpformer", 30, 8, d=8, blocks=1, dropout=0.0, norm=norm,
                               ffn_dim=32 if norm == "post" else None)
-    params = jax.jit(model.init)(jax.random.key(0), jnp.asarray(d.train_input[:1]))
-    reatt = {"w_var": 1e-4, "emb_var": jnp.full((n_items + 1,), 1e-2)}
+    reatt = {"w_var": 1e-4, "emb_var": jnp.full((31,), 1e-2)}
     C = 1e-4  # every user is clipped: the bound is attained
-    dp = jc.dp_sgd(models.make_loss_fn(model, reatt), optax.sgd(0.1), num_examples=13, batch_size=4, l2_clip=C,
-                   delta=1e-5, steps=1, noise_multiplier=1.0)
-    windows = np.array([2, 4, 6, L])
-
-    def step_sum(idx):
-        acc = jax.tree.map(jnp.zeros_like, params)
-        chunks = train.step_batches(d, np.asarray(idx), windows, 12, jax.random.key(1))
-        for _, batch, mask in chunks:
-            acc, _ = dp.accumulate(params, acc, batch, mask)
-        return np.concatenate([np.ravel(x) for x in jax.tree.leaves(acc)]), [(w, int(m.size)) for w, _, m in chunks]
-
-    base, layout = step_sum(np.arange(12))
-    worst, layout2 = step_sum(np.arange(13))
-    assert layout != layout2  # the added user changed the other users' chunks
-    assert np.linalg.norm(worst - base) == pytest.approx(C, rel=1e-3)
+    assert _worst_neighbour_step_change(model, models.make_loss_fn(model, reatt), C, 1) == pytest.approx(C, rel=1e-3)
 
 
 def test_baselines_never_read_exact_counts():
