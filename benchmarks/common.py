@@ -53,7 +53,16 @@ def _default_command() -> str:
         head = "python -m " + ".".join(rel.parts)
     except ValueError:
         head = "python " + script.name
-    return " ".join([head] + sys.argv[1:])
+    return " ".join([head] + [_public_arg(a) for a in sys.argv[1:]])
+
+
+def _public_arg(arg: str) -> str:
+    """An absolute path argument (or --opt=/abs/path) as <its last component>: results never name this machine's
+    folders."""
+    opt, eq, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+    if os.path.isabs(value):
+        value = f"<{pathlib.PurePath(value).name}>"
+    return opt + eq + value
 
 
 def provenance(command: str | None = None) -> dict:
