@@ -177,7 +177,7 @@ def test_sampled_softmax_step_moves_by_one_clipped_user_when_the_layout_changes(
     assert _worst_neighbour_step_change(model, models.make_loss_fn(model), C, 0, negs) == pytest.approx(C, rel=1e-3)
 
 
-@pytest.mark.parametrize("norm", [pytest.param("pre", marks=pytest.mark.slow), "post"])
+@pytest.mark.parametrize("norm", ["pre", "post"])
 def test_dpformer_step_moves_by_one_clipped_user_in_either_block_layout(norm):
     """Worst neighbour for the full-softmax DPFormer (Re-Attention on, tied embedding, Phantom clipping), in both
     block layouts (SASRec's pre-LN, Vaswani's post-LN with a wider feed-forward): the same reshuffling neighbour,
