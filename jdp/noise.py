@@ -135,6 +135,16 @@ def clip_by_norm(x: jax.Array, max_norm: float | jax.Array, axis: int = -1, eps:
     return x * jnp.minimum(1.0, max_norm / jnp.maximum(norm, eps))
 
 
+def clip_contribution(x: jax.Array, max_norm: float | jax.Array, axis: int = -1) -> jax.Array:
+    """One privacy unit's contribution (vectors along `axis`) clipped to L2 norm ≤ max_norm, where a vector with
+    a non-finite entry or norm becomes 0: it contributes nothing, and the bound still holds. Plain clipping
+    would turn it into NaN (inf · 0), and a NaN in a released sum reveals that the unit took part. Use this for
+    anything a mechanism sums over units; `clip_by_norm` for projections of released values."""
+    clipped = clip_by_norm(x, max_norm, axis)
+    finite = jnp.all(jnp.isfinite(clipped), axis=axis, keepdims=True)
+    return jnp.where(finite, clipped, jnp.zeros_like(clipped))
+
+
 def psd_project(a: jax.Array, floor: float = 0.0) -> jax.Array:
     """Projects (batched) symmetric matrices onto the PSD cone: eigenvalues clamped at `floor`."""
     a = 0.5 * (a + jnp.swapaxes(a, -1, -2))
@@ -143,6 +153,6 @@ def psd_project(a: jax.Array, floor: float = 0.0) -> jax.Array:
     return jnp.einsum("...ij,...j,...kj->...ik", v, w, v)
 
 
-__all__ = ["SEED_BITS", "add_gaussian", "add_gaussian_tree", "clip_by_norm", "exponential", "gaussian",
+__all__ = ["SEED_BITS", "add_gaussian", "add_gaussian_tree", "clip_by_norm", "clip_contribution", "exponential", "gaussian",
            "gaussian_histogram", "gumbel", "keyed_gram_noise", "laplace",
            "psd_project", "resolve_seed", "seeded_key", "symmetric_gaussian"]

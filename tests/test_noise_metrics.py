@@ -41,6 +41,9 @@ def test_clip_by_norm_and_psd_project():
     p = np.asarray(noise.psd_project(a))
     assert np.linalg.eigvalsh(p).min() >= -1e-6
     assert np.allclose(p, 1.5 * np.ones((2, 2)), atol=1e-5)
+    # a unit's contribution: clipped like clip_by_norm, a non-finite vector (entry or norm) becomes 0, never NaN
+    c = np.asarray(noise.clip_contribution(jnp.array([[3.0, 4.0], [np.inf, 1.0], [np.nan, 0.0], [3e38, 3e38]]), 1.0))
+    assert np.allclose(c, [[0.6, 0.8], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]]) and np.all(np.isfinite(c))
 
 
 def test_rmse_and_mae_with_mask():

@@ -64,7 +64,9 @@ def select_and_grad(learner, spec: FlatSpec, h: jax.Array, data: PyTree, mask: j
     w, obj = jax.vmap(fit_one)(h, jax.random.split(key, h.shape[0]))
     a = jnp.argmin(obj)
     g = learner.lam * (h[a] - w[a])
-    return a, noise.clip_by_norm(g, clip)  # clip = inf: unchanged
+    # a task whose meta-gradient is not finite (finite data can overflow in the learner) contributes 0: as NaN it
+    # would make the released sum NaN and reveal the task; clip = inf: finite gradients unchanged
+    return a, noise.clip_contribution(g, clip)
 
 
 def routed_sum(learner, spec, h, data, mask, keys, weights, clip) -> jax.Array:

@@ -109,3 +109,31 @@ def test_tables_name_the_relation_of_every_epsilon():
         for h in headers:
             assert re.search(r"ε[^|]*(add/remove|replace)", h), (path, h)
         assert any("add/remove" in h for h in headers) and any("replace-one" in h for h in headers), path
+
+
+@pytest.mark.parametrize("scale", [1e19, 1e30])
+def test_a_task_whose_data_overflows_the_learner_moves_the_step_sum_by_at_most_one_clip(scale):
+    """Worst neighbour for every meta method (they share `engine.routed_sum`): an added task with FINITE data (it
+    passes `make_taskset`) so large that its meta-gradient is huge (1e19) or overflows the ridge fit to inf/NaN
+    (1e30). Its contribution to the summed update is at most C in norm, attained when it is merely huge; a
+    non-finite one contributes 0: as NaN it made the released sum NaN, which revealed the task. The same task
+    inside a whole meta-NSGD and DP-FTMRL run leaves the output finite."""
+    from jdp.meta import engine
+    bad = jax.tree.map(lambda a: a[:1] * scale, TASKS.data)
+    with_bad = M.make_taskset(jax.tree.map(lambda a, b: jnp.concatenate([a, b]), TASKS.data, bad),
+                              jnp.concatenate([TASKS.mask, TASKS.mask[:1]]))
+    spec = engine.FlatSpec.of(jnp.zeros(DIM))
+    h = jnp.stack([jnp.zeros(DIM), jnp.ones(DIM)])  # two meta-models, as private clustering routes
+    keys = jax.random.split(KEY, K + 1)
+    ones = jnp.ones(K + 1)
+    s_with = engine.routed_sum(RIDGE, spec, h, with_bad.data, with_bad.mask, keys, ones, C)
+    s_without = engine.routed_sum(RIDGE, spec, h, with_bad.data, with_bad.mask, keys, ones.at[K].set(0.0), C)
+    assert bool(jnp.all(jnp.isfinite(s_with)))
+    moved = float(jnp.linalg.norm(s_with - s_without))
+    assert moved <= C * (1 + 1e-5)
+    if scale == 1e19:
+        assert moved == pytest.approx(C, rel=1e-4)  # the bound is attained
+    common = dict(epsilon=None, noise_multiplier=Z, delta=DELTA, meta_lr=0.5, clip=C, batch_size=B)
+    for run in (M.meta_nsgd(KEY, with_bad, RIDGE, jnp.zeros(DIM), steps=T, **common),
+                M.dp_ftmrl(KEY, with_bad, RIDGE, jnp.zeros(DIM), **common)):
+        assert bool(jnp.all(jnp.isfinite(run.flat_last))) and bool(jnp.all(jnp.isfinite(run.flat_average)))
