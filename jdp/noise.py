@@ -153,6 +153,6 @@ def psd_project(a: jax.Array, floor: float = 0.0) -> jax.Array:
     return jnp.einsum("...ij,...j,...kj->...ik", v, w, v)
 
 
-__all__ = ["SEED_BITS", "add_gaussian", "add_gaussian_tree", "clip_by_norm", "clip_contribution", "exponential", "gaussian",
-           "gaussian_histogram", "gumbel", "keyed_gram_noise", "laplace",
+__all__ = ["SEED_BITS", "add_gaussian", "add_gaussian_tree", "clip_by_norm", "clip_contribution", "exponential",
+           "gaussian", "gaussian_histogram", "gumbel", "keyed_gram_noise", "laplace",
            "psd_project", "resolve_seed", "seeded_key", "symmetric_gaussian"]
