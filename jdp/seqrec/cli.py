@@ -61,6 +61,8 @@ def register(subparsers) -> None:
     p.add_argument("--norm", default="pre", choices=list(NORMS),
                    help="Transformer blocks: pre-LayerNorm (SASRec, default) or post-LayerNorm (Vaswani et al.)")
     p.add_argument("--ffn-dim", type=int, default=None, help="Transformer feed-forward width (default d)")
+    p.add_argument("--item-dim", type=int, default=None,
+                   help="Transformers: item table width r < d with a learned r x d projection (default d)")
     p.add_argument("--dropout", type=float, default=None,
                    help="default 0.5 (Amazon, synthetic) / 0.2 (MovieLens)")
     p.add_argument("--hist-noise-multiplier", type=float, default=10.0,
@@ -189,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
                       epochs=epochs, batch_size=batch_size, lr=lr, warmup_frac=args.warmup_frac,
                       weight_decay=args.weight_decay, l2_clip=args.clip, normalize=args.normalize, d=args.d,
                       heads=args.heads, blocks=args.blocks if args.blocks is not None else (1 if synthetic else 2),
-                      dropout=dropout, norm=args.norm, ffn_dim=args.ffn_dim, chunk_rows=chunk_rows,
+                      dropout=dropout, norm=args.norm, ffn_dim=args.ffn_dim, item_dim=args.item_dim, chunk_rows=chunk_rows,
                       clipping=args.clipping, hist_noise_multiplier=args.hist_noise_multiplier,
                       eval_every_epochs=args.eval_every, mask_history=args.mask_history,
                       length_buckets=tuple(int(b) for b in buckets.split(",") if b.strip()),

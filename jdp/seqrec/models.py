@@ -140,6 +140,9 @@ class TransformerRec(SeqRecModel):
     reattention: bool = False
     norm: str = "pre"
     ffn_dim: int | None = None
+    item_dim: int | None = None  # None: the item table is [M+1, d]; r < d: [M+1, r] with learned projections r→d
+                                 # (inputs) and d→r (before the tied output): DP noise on r, not d, coordinates
+                                 # per item row
 
     @nn.compact
     def __call__(self, seq: jax.Array, deterministic: bool = True, reatt: dict | None = None,
@@ -147,11 +150,15 @@ class TransformerRec(SeqRecModel):
                  negatives: jax.Array | None = None) -> jax.Array:
         B, L = seq.shape
         valid = seq > 0
-        embed = nn.Embed(self.n_items + 1, self.d, name="item_embed")
+        factored = self.item_dim is not None and self.item_dim != self.d
+        embed = nn.Embed(self.n_items + 1, self.item_dim if factored else self.d, name="item_embed")
         pos = nn.Embed(self.maxlen, self.d, name="pos_embed")
         scale = math.sqrt(self.d)
+        rows = embed(seq)
+        if factored:  # the narrow table's rows widened to d (and h narrowed back to r before the tied output)
+            rows = nn.Dense(self.d, use_bias=False, name="item_in")(rows)
         # positions counted from the right end (left padding): a shorter window gives the same outputs
-        x = (embed(seq) * scale + pos(jnp.arange(L) + (self.maxlen - L))[None]) * valid[..., None]
+        x = (rows * scale + pos(jnp.arange(L) + (self.maxlen - L))[None]) * valid[..., None]
         track = self.reattention and reatt is not None
         var_x, w_var = None, 0.0
         if track:
@@ -165,6 +172,8 @@ class TransformerRec(SeqRecModel):
         h = nn.LayerNorm(epsilon=1e-6, name="ln_f")(x) if self.norm == "pre" else x
         if last_only:
             h = h[:, -1:]
+        if factored:
+            h = nn.Dense(self.item_dim, use_bias=False, name="item_out")(h)
         return _output(self, h, embed, targets, negatives)
 
 
@@ -192,14 +201,25 @@ class RNNRec(SeqRecModel):
 MODELS = ("dpformer", "transformer", "transformer-untied", "gru", "lstm")
 
 
+def check_item_dim(name: str, item_dim: int, d: int) -> None:
+    """A factorised item table (width r = item_dim ≤ d) is for the Transformers without Re-Attention: DPFormer's
+    effective-variance rule describes rows of a d-wide table."""
+    if name not in ("transformer", "transformer-untied"):
+        raise ValueError(f"item_dim (a factorised item table) is for the models 'transformer' and "
+                         f"'transformer-untied', got {name!r}")
+    if not 1 <= int(item_dim) <= d:
+        raise ValueError(f"item_dim must be in [1, d={d}], got {item_dim}")
+
+
 NORMS = ("pre", "post")
 
 
 def make_model(name: str, n_items: int, maxlen: int, d: int = 64, heads: int = 1, blocks: int = 2,
                dropout: float = 0.2, activation: str = "relu", norm: str = "pre",
-               ffn_dim: int | None = None) -> SeqRecModel:
+               ffn_dim: int | None = None, item_dim: int | None = None) -> SeqRecModel:
     """The paper's five models: dpformer (tied + Re-Attention), transformer (tied), transformer-untied,
-    gru, lstm (tied). norm / ffn_dim shape the Transformers' blocks (see `TransformerRec`)."""
+    gru, lstm (tied). norm / ffn_dim shape the Transformers' blocks (see `TransformerRec`); item_dim < d
+    factorises the vanilla Transformers' item table (`check_item_dim`)."""
     if name not in MODELS:
         raise ValueError(f"model must be one of {MODELS}, got {name!r}")
     if n_items < 1 or maxlen < 1 or d < 1:
@@ -212,11 +232,13 @@ def make_model(name: str, n_items: int, maxlen: int, d: int = 64, heads: int = 1
         raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
     if ffn_dim is not None and int(ffn_dim) < 1:
         raise ValueError(f"ffn_dim must be >= 1, got {ffn_dim}")
+    if item_dim is not None:
+        check_item_dim(name, item_dim, d)
     if name in ("gru", "lstm"):
         return RNNRec(n_items=n_items, d=d, dropout=dropout, tied=True, cell=name, maxlen=maxlen)
     return TransformerRec(n_items=n_items, d=d, dropout=dropout, tied=(name != "transformer-untied"),
                           heads=heads, blocks=blocks, maxlen=maxlen, activation=activation,
-                          reattention=(name == "dpformer"), norm=norm, ffn_dim=ffn_dim)
+                          reattention=(name == "dpformer"), norm=norm, ffn_dim=ffn_dim, item_dim=item_dim)
 
 
 @jax.custom_vjp
@@ -295,5 +317,5 @@ def make_loss_fn(model: SeqRecModel, reatt: dict | None = None, deterministic: b
     return loss_fn
 
 
-__all__ = ["MODELS", "NORMS", "RNNRec", "SelfAttention", "TransformerRec", "make_loss_fn", "make_model", "next_item_loss",
+__all__ = ["MODELS", "NORMS", "RNNRec", "SelfAttention", "TransformerRec", "check_item_dim", "make_loss_fn", "make_model", "next_item_loss",
            "sampled_next_item_loss"]

@@ -42,7 +42,7 @@ from jdp.clipping.engine import check_batch_chunk
 from jdp.seqrec import reattention as ra
 from jdp.seqrec.data import SeqData, item_presence
 from jdp.seqrec.evaluate import baseline_metrics, evaluate, evaluation_shapes, make_rank_fn_reatt
-from jdp.seqrec.models import NORMS, make_loss_fn, make_model
+from jdp.seqrec.models import NORMS, check_item_dim, make_loss_fn, make_model
 from jdp.validation import check_delta, check_epsilon, check_positive
 
 
@@ -79,6 +79,7 @@ class TrainConfig:
     activation: str = "relu"
     norm: str = "pre"                 # Transformer blocks: "pre" (SASRec) or "post" (Vaswani et al.'s encoder)
     ffn_dim: int | None = None        # Transformer feed-forward width (None = d)
+    item_dim: int | None = None       # Transformers: item table width r (None = d); r < d adds a learned r×d projection
     chunk_rows: int = 1024            # users × window positions per jit call (physical chunk; 1024: ~1.3× the real
                                       # positions on Amazon Games at B = 1024, 2048: ~1.55×, same speed per position)
     hist_noise_multiplier: float = 10.0  # Gaussian histogram noise / sqrt(maxlen+1)
@@ -119,6 +120,8 @@ class TrainConfig:
             raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
         if self.ffn_dim is not None and int(self.ffn_dim) < 1:
             raise ValueError(f"ffn_dim must be >= 1, got {self.ffn_dim}")
+        if self.item_dim is not None:
+            check_item_dim(self.model, self.item_dim, self.d)
         if self.clipping not in CLIPPING_METHODS:
             raise ValueError(f"clipping must be one of {CLIPPING_METHODS}, got {self.clipping!r}")
 
@@ -357,7 +360,7 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     if cfg.negatives:  # fail before any work (the accounting below takes seconds)
         check_negatives(cfg, M, cfg.model == "dpformer" or public_item_counts is not None)
     model = make_model(cfg.model, M, L, cfg.d, cfg.heads, cfg.blocks, cfg.dropout, cfg.activation, cfg.norm,
-                       cfg.ffn_dim)
+                       cfg.ffn_dim, cfg.item_dim)
     k_init, k_hist, k_train = jax.random.split(key, 3)
 
     # compilations off the critical path: XLA releases the GIL while it compiles, so on a first run the

@@ -58,6 +58,19 @@ def test_library_clipping_on_dpformer_equals_naive_per_example_clipping(method, 
     _assert_equals_naive_clipping(models.make_loss_fn(model, reatt, deterministic=True), params, batch, method)
 
 
+def test_library_clipping_on_a_factorised_item_table_equals_naive_per_example_clipping():
+    # item_dim < d: a [M+1, r] table read by the input lookup and the tied output, with r→d and d→r projections
+    d = _toy()
+    model = models.make_model("transformer", d.n_items, d.maxlen, d=8, heads=1, blocks=1, dropout=0.0, item_dim=3)
+    params = jax.jit(model.init)(jax.random.key(0), jnp.asarray(d.train_input[:2]))
+    assert params["params"]["item_embed"]["embedding"].shape == (d.n_items + 1, 3)
+    assert params["params"]["item_in"]["kernel"].shape == (3, 8) and params["params"]["item_out"]["kernel"].shape == (8, 3)
+    B = 8
+    batch = {"input": jnp.asarray(d.train_input[:B]), "target": jnp.asarray(d.train_target[:B]),
+             "key": jax.random.split(jax.random.key(1), B)}
+    _assert_equals_naive_clipping(models.make_loss_fn(model, None, deterministic=True), params, batch, "auto")
+
+
 @pytest.mark.parametrize("model_name", ["dpformer", "gru"])
 def test_sampled_softmax_clipping_equals_naive_per_example_clipping(model_name):
     # the tied table is read three times (inputs, targets, the step's shared negatives): the engine's
@@ -208,6 +221,9 @@ def test_invalid_configs_raise():
         models.make_model("transformer", 10, 5, norm="sandwich")
     with pytest.raises(ValueError, match="ffn_dim"):
         train.TrainConfig(ffn_dim=0).validate()
+    for model, item_dim in (("dpformer", 16), ("gru", 16), ("transformer", 0), ("transformer", 65)):
+        with pytest.raises(ValueError, match="item_dim"):
+            train.TrainConfig(model=model, item_dim=item_dim).validate()
     with pytest.raises(ValueError, match="public_item_counts"):
         train.train(d, train.TrainConfig(batch_size=8, epochs=0.1), jax.random.key(0), public_item_counts=np.ones(3))
     # sanity: the calibrated noise multiplier matches the accountant for the composed events
