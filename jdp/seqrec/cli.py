@@ -62,7 +62,8 @@ def register(subparsers) -> None:
                    help="Transformer blocks: pre-LayerNorm (SASRec, default) or post-LayerNorm (Vaswani et al.)")
     p.add_argument("--ffn-dim", type=int, default=None, help="Transformer feed-forward width (default d)")
     p.add_argument("--item-dim", type=int, default=None,
-                   help="Transformers: item table width r < d with a learned r x d projection (default d)")
+                   help="vanilla Transformers: item table width r < d, with learned r->d (input) and d->r (output) "
+                        "projections (default d)")
     p.add_argument("--dropout", type=float, default=None,
                    help="default 0.5 (Amazon, synthetic) / 0.2 (MovieLens)")
     p.add_argument("--hist-noise-multiplier", type=float, default=10.0,

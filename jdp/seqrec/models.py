@@ -317,5 +317,5 @@ def make_loss_fn(model: SeqRecModel, reatt: dict | None = None, deterministic: b
     return loss_fn
 
 
-__all__ = ["MODELS", "NORMS", "RNNRec", "SelfAttention", "TransformerRec", "check_item_dim", "make_loss_fn", "make_model", "next_item_loss",
-           "sampled_next_item_loss"]
+__all__ = ["MODELS", "NORMS", "RNNRec", "SelfAttention", "TransformerRec", "check_item_dim", "make_loss_fn",
+           "make_model", "next_item_loss", "sampled_next_item_loss"]

@@ -79,7 +79,8 @@ class TrainConfig:
     activation: str = "relu"
     norm: str = "pre"                 # Transformer blocks: "pre" (SASRec) or "post" (Vaswani et al.'s encoder)
     ffn_dim: int | None = None        # Transformer feed-forward width (None = d)
-    item_dim: int | None = None       # Transformers: item table width r (None = d); r < d adds a learned r×d projection
+    item_dim: int | None = None       # vanilla Transformers: item table width r (None = d); r < d adds learned r→d
+                                      # and d→r projections (`TransformerRec.item_dim`)
     chunk_rows: int = 1024            # users × window positions per jit call (physical chunk; 1024: ~1.3× the real
                                       # positions on Amazon Games at B = 1024, 2048: ~1.55×, same speed per position)
     hist_noise_multiplier: float = 10.0  # Gaussian histogram noise / sqrt(maxlen+1)
