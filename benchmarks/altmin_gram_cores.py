@@ -11,7 +11,8 @@ lengths, as a share of the dense-matmul rate of the SAME process, in three setti
   between them with `jax.shard_map` (how jdp's item update shards: one mesh axis over tasks).
 
 Then the whole Gram build of the item update at ML-20M size (as `benchmarks.altmin_speed`), items dealt to as
-many shards as devices.
+many shards as devices, and on one device the same matmuls on rows gathered beforehand: the difference is the
+cost of gathering (and weighting) the users' rows.
 
     PYTHONPATH=. python -m benchmarks.altmin_gram_cores            # ~5 min on 2 cores
     PYTHONPATH=. python -m benchmarks.altmin_gram_cores --quick    # the batched matmuls only
@@ -103,9 +104,25 @@ def gram_build(setting: str, dense: float, timed) -> dict:
         args = (jax.device_put(feats, NamedSharding(mesh, PartitionSpec())),
                 jax.device_put(classes, NamedSharding(mesh, spec)))
     seconds = timed(fn, *args, repeats=5)
-    gflops = 2 * data.nnz * FEATURES**2 / seconds / 1e9  # useful flops, padding excluded
-    return {"gram_build_seconds": seconds, "gram_build_fraction_of_dense": gflops / dense,
-            "padded_rows_per_rating": plan.padded_rows / data.nnz}
+    useful = 2 * data.nnz * FEATURES**2 / 1e9  # GFLOP, padding excluded
+    out = {"gram_build_seconds": seconds, "gram_build_fraction_of_dense": useful / seconds / dense,
+           "padded_rows_per_rating": plan.padded_rows / data.nnz}
+    if shards == 1:
+        # The same batched matmuls on rows gathered and weighted beforehand (~3 GiB held at once): what the
+        # build would take if the gather of user rows cost nothing. The rest of the build is that gather.
+        gathered = [jax.block_until_ready(feats[s] * w[..., None]) for s, w, _ in one]
+        matmuls = timed(jax.jit(lambda xs: [jnp.einsum("nld,nle->nde", x, x) for x in xs]), gathered, repeats=5)
+        out.update({"matmuls_on_gathered_rows_seconds": matmuls,
+                    "matmuls_on_gathered_rows_fraction_of_dense": useful / matmuls / dense,
+                    "gather_share_of_build": 1 - matmuls / seconds})
+        # Is the gather XLA's weakness or the memory system's? The same random-row gather in numpy.
+        rows = np.random.default_rng(0).integers(0, data.n_users, 1 << 19).astype(np.int32)
+        xla_s = timed(jax.jit(lambda f, i: f[i]), feats, jnp.asarray(rows), repeats=10)
+        table = np.asarray(feats)
+        numpy_s = timed(lambda: np.take(table, rows, axis=0), repeats=10)
+        out.update({"random_row_gather_mrows_per_s": {"xla": rows.size / xla_s / 1e6,
+                                                      "numpy_take": rows.size / numpy_s / 1e6}})
+    return out
 
 
 def child(setting: str, quick: bool) -> None:
@@ -132,7 +149,10 @@ def main() -> None:
         print(f"{setting:12s} dense {row['dense_matmul_gflops']:6.1f} GFLOP/s  batched matmul, % of dense: " +
               "  ".join(f"L={c['rows_per_task']}: {100 * c['fraction_of_dense']:.0f}%" for c in row["classes"]) +
               (f"; whole Gram build {row['gram_build_seconds']:.2f} s, "
-               f"{100 * row['gram_build_fraction_of_dense']:.0f}% of dense" if "gram_build_seconds" in row else ""))
+               f"{100 * row['gram_build_fraction_of_dense']:.0f}% of dense" if "gram_build_seconds" in row else "") +
+              (f"; its matmuls on pre-gathered rows {row['matmuls_on_gathered_rows_seconds']:.2f} s "
+               f"({100 * row['matmuls_on_gathered_rows_fraction_of_dense']:.0f}% of dense)"
+               if "matmuls_on_gathered_rows_seconds" in row else ""))
     name = "altmin_gram_cores" + ("_quick" if quick else "")
     print("wrote", write_results(name, results, features=FEATURES))
 
