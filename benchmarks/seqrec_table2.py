@@ -19,11 +19,13 @@ PAPER = {("gru", 5): (1.13, 2.46), ("gru", 8): (1.33, 2.22), ("gru", 10): (1.47,
          ("dpformer", 5): (1.64, 3.01), ("dpformer", 8): (1.98, 3.70), ("dpformer", 10): (1.99, 3.73)}
 LABEL = {"gru": "GRU", "lstm": "LSTM", "transformer-untied": "w/o PS (untied)", "transformer": "vanilla Transformer",
          "dpformer": "DPFormer"}
-# our 100-epoch runs per (model, ε): (results file stem, what differs from the committed protocol)
+# our runs per (model, ε), 100-epoch ones where we have them: (results file stem, what differs from the protocol)
 RUNS = {("gru", 5): [("seqrec_amazon_gru_eps5_ep100_gpu", "")],
         ("gru", 8): [("seqrec_amazon_gru_eps8_ep100_gpu", ""), ("seqrec_amazon_gru_eps8_ep100_seed1_gpu", "seed 1")],
         ("gru", 10): [("seqrec_amazon_gru_eps10_ep100_gpu", "")],
+        ("lstm", 5): [("seqrec_amazon_lstm_eps5_ep20", "")],
         ("lstm", 8): [("seqrec_amazon_lstm_eps8_ep100_gpu", ""), ("seqrec_amazon_lstm_eps8_ep100_seed1_gpu", "seed 1")],
+        ("lstm", 10): [("seqrec_amazon_lstm_eps10_ep20", "")],
         ("transformer", 5): [("seqrec_amazon_transformer_eps5_ep100_gpu_partial", "")],
         ("transformer", 8): [("seqrec_amazon_transformer_eps8_ep100", ""),
                              ("seqrec_amazon_transformer_eps8_ep100_b4096_lr9e-3_gpu", "B 4096, lr 9e-3"),
@@ -41,7 +43,16 @@ def _run(stem: str) -> dict:
     t, m = d.get("timings", {}), d["metrics"]
     epochs = t.get("epochs_done", d["config"]["epochs"])
     return {"ndcg": 100 * m["ndcg_at_10_test"], "hit": 100 * m["hit_at_10_test"], "epochs": float(epochs),
+            "schedule": float(d["config"]["epochs"]), "complete": bool(t.get("complete", epochs >= 99.99)),
             "popularity": 100 * d.get("baselines", {}).get("popularity", {}).get("ndcg_at_10_test", float("nan"))}
+
+
+def _epochs(r: dict) -> str:
+    if r["epochs"] >= 99.99:
+        return "100"
+    if r["complete"] and r["schedule"] < 100:  # a whole shorter schedule (its lr decays to 0), not a stopped run
+        return f"{r['schedule']:.0f}-epoch schedule"
+    return f"{r['epochs']:.0f}, PARTIAL"
 
 
 def render() -> str:
@@ -52,8 +63,7 @@ def render() -> str:
             runs = [(_run(stem), note) for stem, note in RUNS.get((model, eps), [])]
             paper = PAPER[(model, eps)]
             if runs:
-                cells = "; ".join(f"**{r['ndcg']:.2f}** / {r['hit']:.2f} ("
-                                  + ("100" if r["epochs"] >= 99.99 else f"{r['epochs']:.0f}, PARTIAL")
+                cells = "; ".join(f"**{r['ndcg']:.2f}** / {r['hit']:.2f} (" + _epochs(r)
                                   + (f"; {note}" if note else "") + ")" for r, note in runs)
                 ratio = " / ".join(f"{r['ndcg'] / paper[0]:.2f}" for r, _ in runs)
             else:
