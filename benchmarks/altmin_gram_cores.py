@@ -109,7 +109,8 @@ def gram_build(setting: str, dense: float, timed) -> dict:
            "padded_rows_per_rating": plan.padded_rows / data.nnz}
     if shards == 1:
         # The same batched matmuls on rows gathered and weighted beforehand (~3 GiB held at once): what the
-        # build would take if the gather of user rows cost nothing. The rest of the build is that gather.
+        # build would take if the gather of user rows cost nothing. The rest of the build is that gather (and b's
+        # matrix-vector products, 1/65 of the flops).
         gathered = [jax.block_until_ready(feats[s] * w[..., None]) for s, w, _ in one]
         matmuls = timed(jax.jit(lambda xs: [jnp.einsum("nld,nle->nde", x, x) for x in xs]), gathered, repeats=5)
         out.update({"matmuls_on_gathered_rows_seconds": matmuls,
