@@ -141,8 +141,8 @@ class TransformerRec(SeqRecModel):
     norm: str = "pre"
     ffn_dim: int | None = None
     item_dim: int | None = None  # None: the item table is [M+1, d]; r < d: [M+1, r] with learned projections r→d
-                                 # (inputs) and d→r (before the tied output): DP noise on r, not d, coordinates
-                                 # per item row
+                                 # (inputs) and d→r (before the output: the tied table, or transformer-untied's
+                                 # r-wide output layer): DP noise on r, not d, coordinates per item row
 
     @nn.compact
     def __call__(self, seq: jax.Array, deterministic: bool = True, reatt: dict | None = None,
@@ -155,7 +155,7 @@ class TransformerRec(SeqRecModel):
         pos = nn.Embed(self.maxlen, self.d, name="pos_embed")
         scale = math.sqrt(self.d)
         rows = embed(seq)
-        if factored:  # the narrow table's rows widened to d (and h narrowed back to r before the tied output)
+        if factored:  # the narrow table's rows widened to d (and h narrowed back to r before the output layer)
             rows = nn.Dense(self.d, use_bias=False, name="item_in")(rows)
         # positions counted from the right end (left padding): a shorter window gives the same outputs
         x = (rows * scale + pos(jnp.arange(L) + (self.maxlen - L))[None]) * valid[..., None]
