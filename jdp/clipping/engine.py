@@ -391,22 +391,15 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
     if chunk >= B:
         result = clip(batch, w, group_ids, N)
     else:
-        nb = -(-B // chunk)
-        chunk = -(-B // nb)           # balanced: fewer than nb padding rows
-        pad = nb * chunk - B
-
-        def split(x, fill=None):       # padding rows repeat the last example; their indicator w is 0
-            if pad:
-                extra = jnp.repeat(x[-1:], pad, axis=0) if fill is None else jnp.full((pad,), fill, x.dtype)
-                x = jnp.concatenate([x, extra])
-            return x.reshape((nb, chunk) + x.shape[1:])
+        chunked_batch, chunked_w = split_into_chunks(batch, w, chunk)
+        nb, chunk = chunked_w.shape
 
         def step(acc, part):            # the clipped sum accumulates in the carry (no [chunks, params] stack)
             r = clip(part[0], part[1], None, chunk, in_loop=True)
             return jax.tree.map(jnp.add, acc, r.grad_sum), r.replace(grad_sum=None)
 
         zeros = jax.tree.map(lambda x: jnp.zeros(np.shape(x), jnp.result_type(x)), params)
-        grad_sum, parts = jax.lax.scan(step, zeros, (jax.tree.map(split, batch), split(w, fill=0)))
+        grad_sum, parts = jax.lax.scan(step, zeros, (chunked_batch, chunked_w))
 
         def rows(x):
             return None if x is None else x.reshape((nb * chunk,) + x.shape[2:])[:B]
@@ -419,6 +412,23 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
         raise ValueError(f"loss_fn produced a non-finite loss or gradient norm for {int(result.num_nonfinite)} "
                          "unit(s) of the batch")
     return result
+
+
+def split_into_chunks(batch, w: jax.Array, chunk: int):
+    """(batch, w [B]) with their leading axis laid out as [nb, c, ...] for a `lax.scan` over chunks:
+    nb = ceil(B / chunk) balanced chunks of c ≤ chunk examples (fewer than nb padding rows). Padding rows
+    repeat the last example and get w = 0 (False for a boolean mask), so they add nothing to a weighted sum."""
+    B = _batch_size(batch)
+    nb = -(-B // chunk)
+    chunk = -(-B // nb)
+    pad = nb * chunk - B
+
+    def split(x, fill=None):
+        if pad:
+            extra = jnp.repeat(x[-1:], pad, axis=0) if fill is None else jnp.full((pad,), fill, x.dtype)
+            x = jnp.concatenate([x, extra])
+        return x.reshape((nb, chunk) + x.shape[1:])
+    return jax.tree.map(split, batch), split(jnp.asarray(w), fill=0)
 
 
 # `batch_chunk="auto"` on CPU: per-example state of one chunk (`_taps.per_example_bytes`) and the smallest chunk.

@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 from jdp import accounting
 from jdp.clipping import METHODS as CLIPPING_METHODS
 from jdp.clipping.dp_sgd import dp_sgd, dp_sgd_event, poisson_indices
-from jdp.clipping.engine import check_batch_chunk
+from jdp.clipping.engine import check_batch_chunk, split_into_chunks
 from jdp.seqrec import reattention as ra
 from jdp.seqrec.data import SeqData, item_presence
 from jdp.seqrec.evaluate import baseline_metrics, evaluate, evaluation_shapes, make_rank_fn_reatt
@@ -48,6 +48,11 @@ from jdp.validation import check_delta, check_epsilon, check_positive
 
 # Shorter windows (compute only): every length up to 8, then steps of ~25%, so a user's window wastes
 # at most ~20% of its positions. Each window used compiles one chunk shape (plus one for a step's last chunk).
+# positions per pass of the non-private step on CPU (`_nonprivate_chunk`): Amazon Games, Transformer, a step's
+# 8 physical chunks of 1024 positions (2-core CPU, one process): 2.8-3.0 s in one pass per chunk, 1.9-2.2 s in
+# passes of 64-256 positions (the [rows, 23716] logits and softmax of 128 rows, 12 MB, are read and written
+# several times per pass)
+NONPRIVATE_CPU_ROWS = 128
 DEFAULT_WINDOWS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128,
                    160, 192, 224, 256)
 
@@ -69,9 +74,10 @@ class TrainConfig:
     l2_clip: float = 1.0
     normalize: bool = False           # normalised clipping g·C/‖g‖ (the paper's choice) instead of min(1, C/‖g‖)
     clipping: str = "auto"            # jdp.clipping method ("vmap": the exact per-example reference)
-    batch_chunk: int | str | None = "auto"  # jdp.clipping batch_chunk inside each physical chunk ("auto": on CPU
-                                      # chunks of 4 users whose per-user embedding gradients are kept for the
-                                      # clipped sum, DP epoch 47 s vs 64 s in one pass; None: one pass)
+    batch_chunk: int | str | None = "auto"  # users per pass inside each physical chunk: jdp.clipping's batch_chunk
+                                      # ("auto": on CPU chunks of 4 users whose per-user embedding gradients are
+                                      # kept for the clipped sum, DP epoch 47 s vs 64 s in one pass; None: one
+                                      # pass); the non-private reference likewise (`_nonprivate_chunk`)
     d: int = 64
     heads: int = 1
     blocks: int = 2
@@ -408,7 +414,7 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
         state = dp.init(params, k_noise)
         accumulate, apply = dp.accumulate, dp.apply
     else:  # NON-PRIVATE reference: plain gradient sums, the same sampling, schedule and optimiser
-        state, accumulate, apply = _nonprivate_step(loss_fn, opt, params, cfg.batch_size)
+        state, accumulate, apply = _nonprivate_step(loss_fn, opt, params, cfg.batch_size, cfg.batch_chunk)
     # every release before training (histogram, vocabulary): privacy_setup appends the DP-SGD steps last
     fixed_events = [r.composed_event() for r in report.releases[:-1]] if private else []
 
@@ -539,15 +545,39 @@ class _PlainState(NamedTuple):
     step: jax.Array
 
 
-def _nonprivate_step(loss_fn, opt, params, batch_size: float):
+def _nonprivate_chunk(batch_chunk, B: int, L: int) -> int:
+    """Users per pass of the non-private step: `batch_chunk` as in `jdp.clipping` (None: the whole physical
+    chunk); "auto" on CPU: about NONPRIVATE_CPU_ROWS positions, so a pass's [rows, M+1] logits and softmax stay
+    in cache instead of streaming through memory several times (elsewhere: the whole chunk)."""
+    if batch_chunk is None:
+        return B
+    if batch_chunk == "auto":
+        return B if jax.default_backend() != "cpu" else min(B, max(1, NONPRIVATE_CPU_ROWS // L))
+    return min(B, int(batch_chunk))
+
+
+def _nonprivate_step(loss_fn, opt, params, batch_size: float, batch_chunk: int | str | None = "auto"):
     """NON-PRIVATE reference twin of DPSGD.accumulate / apply: unclipped gradient sums, no noise, divided
-    by the expected batch size like the private step."""
+    by the expected batch size like the private step. Each physical chunk runs as a loop over passes of
+    `_nonprivate_chunk` users (the private engine's `batch_chunk`), the gradient sum in the loop's carry."""
     tx = optax.chain(optax.scale(1.0 / batch_size), opt)
+
+    def grad_sum(params, batch, keep, aux):
+        return jax.value_and_grad(lambda p: jnp.sum(jnp.where(keep, loss_fn(p, batch, aux), 0.0)))(params)
 
     @jax.jit
     def accumulate(params, acc, batch, mask, aux=None):
         keep = jnp.asarray(mask)
-        loss, g = jax.value_and_grad(lambda p: jnp.sum(jnp.where(keep, loss_fn(p, batch, aux), 0.0)))(params)
+        B, L = batch["input"].shape
+        chunk = _nonprivate_chunk(batch_chunk, B, L)
+        if chunk >= B:
+            loss, g = grad_sum(params, batch, keep, aux)
+        else:
+            def one(carry, part):
+                l, g = grad_sum(params, *part, aux)
+                return (carry[0] + l, jax.tree_util.tree_map(jnp.add, carry[1], g)), None
+            (loss, g), _ = jax.lax.scan(one, (jnp.zeros(()), jax.tree_util.tree_map(jnp.zeros_like, params)),
+                                        split_into_chunks(batch, keep, chunk))
         sums = {"loss_sum": loss, "count": jnp.sum(keep), "num_nonfinite": jnp.int32(0)}
         return jax.tree_util.tree_map(jnp.add, acc, g), sums
 

@@ -207,6 +207,30 @@ def test_chunked_dp_sgd_sum_equals_one_full_window_batch():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("batch_chunk", [None, 3, "auto"])
+def test_nonprivate_step_sums_the_same_gradients_in_any_pass_size(batch_chunk):
+    """The NON-PRIVATE reference step's gradient sum over a physical chunk (masked padding rows) is the sum
+    of the real users' gradients, whether the chunk runs in one pass or as a loop over smaller ones."""
+    d = _toy(n_users=10)
+    model = models.make_model("transformer", d.n_items, d.maxlen, d=8, heads=1, blocks=1, dropout=0.0)
+    params = jax.jit(model.init)(jax.random.key(0), jnp.asarray(d.train_input[:2]))
+    loss_fn = models.make_loss_fn(model)
+    _, accumulate, _ = train._nonprivate_step(loss_fn, optax.sgd(0.1), params, 8.0, batch_chunk)
+    batch = {"input": jnp.asarray(d.train_input), "target": jnp.asarray(d.train_target),
+             "key": jax.random.split(jax.random.key(3), 10)}
+    mask = jnp.asarray(np.arange(10) < 7)
+    zero = jax.tree_util.tree_map(jnp.zeros_like, params)
+    got, sums = accumulate(params, zero, batch, mask)
+    one = jax.jit(jax.grad(lambda p, ex: loss_fn(p, ex)[0]))
+    want = zero
+    for i in range(7):
+        want = jax.tree_util.tree_map(jnp.add, want, one(params, jax.tree_util.tree_map(lambda a: a[i:i + 1], batch)))
+    assert int(sums["count"]) == 7
+    assert float(sums["loss_sum"]) == pytest.approx(float(jnp.sum(loss_fn(params, batch)[:7])), rel=1e-5)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+
+
 def test_invalid_configs_raise():
     d = _toy()
     with pytest.raises(ValueError, match="epsilon"):
