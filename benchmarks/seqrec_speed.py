@@ -88,9 +88,9 @@ def floor(data_path: str, d: int = 64, blocks: int = 2) -> dict:
     by_rows = {str(k): _rates(data.n_items, d, k)["matmul_flops_per_s"] for k in (128, 256, 512) if k < rows}
     best = max([r["matmul_flops_per_s"], *by_rows.values()])
     strict = (out_flops + body_flops) / best + exps / r["exp_per_s"]
-    return {**r, "matmul_flops_per_s_by_rows": by_rows, "floor_epoch_s_best_rows": strict, "real_positions": n, "n_items": data.n_items, "output_flops": out_flops, "body_flops": body_flops,
-            "exps": exps, "floor_matmul_s": (out_flops + body_flops) / r["matmul_flops_per_s"],
-            "floor_exp_s": exps / r["exp_per_s"],
+    return {**r, "matmul_flops_per_s_by_rows": by_rows, "floor_epoch_s_best_rows": strict, "real_positions": n,
+            "n_items": data.n_items, "output_flops": out_flops, "body_flops": body_flops, "exps": exps,
+            "floor_matmul_s": (out_flops + body_flops) / r["matmul_flops_per_s"], "floor_exp_s": exps / r["exp_per_s"],
             "floor_epoch_s": (out_flops + body_flops) / r["matmul_flops_per_s"] + exps / r["exp_per_s"]}
 
 
@@ -102,7 +102,8 @@ def variant(name: str, data_path: str, steps: int, negatives: int = 1024) -> dic
 
     from jdp.seqrec.train import TrainConfig, sampling_plan, train
     data = _data(data_path)
-    cfg = TrainConfig(model="dpformer", epsilon=None if name.startswith("nonprivate") else 8.0, batch_size=1024, lr=1e-3,
+    cfg = TrainConfig(model="dpformer", epsilon=None if name.startswith("nonprivate") else 8.0, batch_size=1024,
+                      lr=1e-3,
                       dropout=0.5, clipping="vmap" if name == "vmap" else "auto",
                       chunk_rows=256 if name == "vmap" else TrainConfig().chunk_rows,
                       negatives=negatives if name == "dp_sampled" else 0,

@@ -48,14 +48,14 @@ from jdp.validation import check_delta, check_epsilon, check_positive
 
 # Shorter windows (compute only): every length up to 8, then steps of ~25%, so a user's window wastes
 # at most ~20% of its positions. Each window used compiles one chunk shape (plus one for a step's last chunk).
+DEFAULT_WINDOWS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128,
+                   160, 192, 224, 256)
+
 # positions per pass of the non-private step on CPU (`_nonprivate_chunk`): Amazon Games, Transformer, a step's
 # 8 physical chunks of 1024 positions (2-core CPU, one process): 2.8-3.0 s in one pass per chunk, 1.9-2.2 s in
 # passes of 64-256 positions (the [rows, 23716] logits and softmax of 128 rows, 12 MB, are read and written
 # several times per pass)
 NONPRIVATE_CPU_ROWS = 128
-DEFAULT_WINDOWS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128,
-                   160, 192, 224, 256)
-
 
 NEGATIVE_SAMPLERS = ("uniform", "popularity")
 
