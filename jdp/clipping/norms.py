@@ -168,7 +168,10 @@ def _gram(X: jax.Array) -> jax.Array:
     When P ≫ T (e.g. the logit gradients of a tied output layer, P = vocabulary) the batched GEMM runs
     ~3x faster on CPU from X laid out as [B,P,T] (measured at T = 2..50, P = 23,716: 20–45 ms vs
     68–118 ms); the barrier keeps XLA from folding the transpose back into the dot, so the layout is
-    materialised once (fused with the zeroing of dropped rows when that precedes it)."""
+    materialised once (fused with the zeroing of dropped rows when that precedes it). Since XLA's CPU dots
+    run on YNNPACK (jax 0.10) the plain einsum is faster in isolation up to T ~ 32, but inside the DP step
+    only at T <= 3, and the whole step gained less than its run-to-run noise (benchmarks/README.md#seqrec),
+    so the rule stays."""
     T, P = X.shape[1], X.shape[2]
     if T == 1 or P <= 4 * T:  # (T = 1: a row norm, nothing to gain)
         return jnp.einsum("btp,bup->btu", X, X)
