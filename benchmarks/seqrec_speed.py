@@ -103,8 +103,7 @@ def variant(name: str, data_path: str, steps: int, negatives: int = 1024) -> dic
     from jdp.seqrec.train import TrainConfig, sampling_plan, train
     data = _data(data_path)
     cfg = TrainConfig(model="dpformer", epsilon=None if name.startswith("nonprivate") else 8.0, batch_size=1024,
-                      lr=1e-3,
-                      dropout=0.5, clipping="vmap" if name == "vmap" else "auto",
+                      lr=1e-3, dropout=0.5, clipping="vmap" if name == "vmap" else "auto",
                       chunk_rows=256 if name == "vmap" else TrainConfig().chunk_rows,
                       negatives=negatives if name == "dp_sampled" else 0,
                       batch_chunk=None if name.endswith("_whole") else TrainConfig().batch_chunk)
