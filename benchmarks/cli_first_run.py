@@ -112,7 +112,22 @@ def render() -> None:
               "(single runs on a host drifting ±25%). Re-measured on 2026-11-27, 4 interleaved runs each, XLA "
               "cache off: default 10.9 s (10.1-11.4), level 1 10.0 s (9.4-10.5; first step 4.7 → 3.9 s, 0.10 s "
               "per step either way), `--xla_llvm_disable_expensive_passes` 10.9 s, both 9.9 s: the quick run "
-              "has used level 1 since (when the caller sets no `XLA_FLAGS`).", ""]
+              "has used level 1 since (when the caller sets no `XLA_FLAGS`).", "",
+              "Re-measured on 2026-11-28 (`--only seqrec` at 7bbd059, not kept in the table): 17.2 s first / 11.7 s "
+              "cached, on a host whose XLA compilation ran ~2× slower than the table's; the same command at d142cc6 "
+              "(the table's row) interleaved with 7bbd059, cache off: 16.8 / 17.9 s against 16.8 / 19.2 s, so the "
+              "≤ 10 s target holds on some hosts only. Compilation took ~9 s of it (`JAX_LOG_COMPILES`: clipped step "
+              "3.4-4.8 s, noisy update 1.7-2.8 s, initialisation 1.1-1.4 s, ranking 0.9 s). XLA flags beside level 1, "
+              "two interleaved runs each, cache off, none faster beyond the runs' ±1.5 s spread: level 1 alone "
+              "19.2 / 17.6 s, `--xla_cpu_parallel_codegen_split_count=1` 19.4 / 17.1, `=4` 17.2 / 18.7, "
+              "`--xla_cpu_use_fusion_emitters=false` 16.5 / 17.4 (`--xla_cpu_disable_loop_unrolling` and "
+              "`--xla_cpu_optimize_for_size` are unknown to this jaxlib). Where the noisy update's compilation goes: "
+              "the noise of the model's ~40 leaves is one normal draw sliced per leaf (`jdp.noise.add_gaussian_tree`), "
+              "and XLA copies the cheap tail of the draw's inverse error function into every leaf's fusion (1.3 s to "
+              "compile the noise of such a tree, 0.22 s for the draw alone; an optimization barrier does not survive "
+              "to the CPU compiler); Adam over the same tree compiles in 0.7 s, noise + Adam in 3.1 s, and 2.0-2.3 s "
+              "with the optimizer flattened to one vector (`optax.flatten`; not adopted: the seqrec chain's "
+              "frozen-rows transform and the checkpoints hold the tree).", ""]
     (RESULTS_DIR.parent / "sections" / "cli.md").write_text("\n".join(lines))
 
 
