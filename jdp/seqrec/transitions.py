@@ -1,0 +1,164 @@
+"""Private item-to-item transitions: a sequential recommender trained by ONE Gaussian release (user-level DP).
+
+Unit: a user (one training sequence); relation: add/remove a user. K candidate items are the top K of item
+counts that are public or released beforehand (a Gaussian histogram in the same report: post-processing
+picks the candidates). Each user's transitions s_t -> s_t+1 between candidates form a count matrix that is
+scaled to Frobenius norm 1 (0 for a user without such a transition), so the [K, K] sum over users changes by
+at most 1 in Frobenius norm when one user is added or removed: the Gaussian mechanism with L2 sensitivity 1
+releases it, and that release is the whole model. A user is scored by the rows of the candidates among their
+last `history` items (summed); the released counts break ties (a user without a candidate in that window gets
+the popularity ranking of the release), and items outside the candidates rank last.
+
+It exists because DP-SGD on a 23,716-row item table learns little beyond popularity at these ε
+(benchmarks/README.md#seqrec): one release pools every user's transitions into the rows that carry them.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import dp_accounting.dp_event as dpe
+import jax
+import numpy as np
+
+from jdp import accounting, noise
+from jdp.seqrec import data as D
+from jdp.seqrec.evaluate import ndcg_hit_from_ranks
+from jdp.validation import check_delta, check_epsilon, check_positive
+
+
+def user_sequences(inputs: np.ndarray, targets: np.ndarray) -> list[np.ndarray]:
+    """Each user's training sequence in time order: the input row without padding, then its last target."""
+    out = []
+    for x, t in zip(np.asarray(inputs), np.asarray(targets)):
+        out.append(np.concatenate([x[x > 0], t[-1:][t[-1:] > 0]]))
+    return out
+
+
+def transition_sum(sequences: list[np.ndarray], candidates: np.ndarray, n_items: int) -> np.ndarray:
+    """Σ over users of each user's candidate-to-candidate transition counts scaled to Frobenius norm 1:
+    [K, K], row = from, column = to (item ids 1..n_items). EXACT (private data): release only through `fit`."""
+    candidates = np.asarray(candidates)
+    K = candidates.size
+    slot = np.full(n_items + 1, -1)
+    slot[candidates] = np.arange(K)
+    total = np.zeros(K * K)
+    for s in sequences:
+        a, b = slot[s[:-1]], slot[s[1:]]
+        keep = (a >= 0) & (b >= 0)
+        if keep.any():
+            cells, counts = np.unique(a[keep] * K + b[keep], return_counts=True)
+            total[cells] += counts / np.linalg.norm(counts)
+    return total.reshape(K, K)
+
+
+def normalized_presence(sequences: list[np.ndarray], n_items: int) -> np.ndarray:
+    """[n_items+1] Σ over users of 1/√(number of distinct items of the user) on each of their items: every
+    user's vector has L2 norm 1 (0 without items), so adding or removing a user moves the sum by at most 1.
+    EXACT (private data): release only through `fit`."""
+    total = np.zeros(n_items + 1)
+    for s in sequences:
+        u = np.unique(s[s > 0])
+        if u.size:
+            total[u] += 1.0 / np.sqrt(u.size)
+    return total
+
+
+@dataclasses.dataclass(frozen=True)
+class TransitionModel:
+    """The release: `matrix` [K, K] noisy transition sums between `items` [K] (ids), `counts` [M+1] (the public
+    or released item counts), and the window of `history` most recent items that scores a user."""
+    items: np.ndarray
+    matrix: np.ndarray
+    counts: np.ndarray
+    history: int
+    noise_multiplier: float
+    report: accounting.PrivacyReport | None
+
+    def scores(self, histories: np.ndarray) -> np.ndarray:
+        """[U, M+1] scores of every item for left-padded histories [U, L] (padding id 0 scores -inf)."""
+        histories = np.asarray(histories)
+        M1 = self.counts.size
+        slot = np.full(M1, -1)
+        slot[self.items] = np.arange(self.items.size)
+        recent = slot[histories[:, -self.history:]]                        # [U, h], -1: not a candidate
+        onehot = np.zeros((histories.shape[0], self.items.size + 1))
+        np.add.at(onehot, (np.repeat(np.arange(histories.shape[0]), recent.shape[1]), recent.ravel()), 1.0)
+        onehot = onehot[:, :-1]                                            # drop the -1 column (non-candidates)
+        tiebreak = self.counts / (1.0 + np.abs(self.counts).max()) * 1e-6
+        out = np.full((histories.shape[0], M1), -np.inf)
+        out[:, self.items] = onehot @ self.matrix + tiebreak[self.items]
+        out[:, 0] = -np.inf
+        return out
+
+    def evaluate(self, inputs: np.ndarray, targets: np.ndarray, k: int = 10, chunk: int = 2048) -> dict:
+        """NDCG@k / HIT@k over the users with a target, ranking every item (ties pessimistic, as
+        `jdp.seqrec.evaluate`)."""
+        inputs, targets = np.asarray(inputs), np.asarray(targets)
+        keep = np.flatnonzero(targets > 0)
+        if keep.size == 0:
+            raise ValueError("no users with a target")
+        ranks = []
+        for s in range(0, keep.size, chunk):
+            idx = keep[s:s + chunk]
+            sc = self.scores(inputs[idx])
+            own = sc[np.arange(idx.size), targets[idx]]
+            ranks.append(np.sum(sc >= own[:, None], axis=1) - 1)
+        return {**ndcg_hit_from_ranks(np.concatenate(ranks), k), "n_users": int(keep.size)}
+
+
+def fit(data: D.SeqData, epsilon: float | None, delta: float, k: int, key: jax.Array, *, history: int = 3,
+        hist_noise_multiplier: float = 4.0, public_item_counts: np.ndarray | None = None) -> TransitionModel:
+    """Releases the transition model of `data`'s training sequences at (ε, δ) in one report: the item histogram
+    (unless `public_item_counts` are declared) and the [k, k] transition sums, whose noise is calibrated so
+    that the composition meets (ε, δ). `epsilon=None`: the NON-PRIVATE reference (exact counts and sums).
+    `key` seeds both noise draws: keep it secret."""
+    if int(k) != k or k < 1 or k > data.n_items:
+        raise ValueError(f"k must be an integer in [1, n_items={data.n_items}], got {k}")
+    if int(history) != history or history < 1:
+        raise ValueError(f"history must be a positive integer, got {history}")
+    k, history = int(k), int(history)
+    if public_item_counts is not None:
+        public_item_counts = np.asarray(public_item_counts, np.float64)
+        if public_item_counts.shape != (data.n_items + 1,) or not np.isfinite(public_item_counts).all():
+            raise ValueError(f"public_item_counts must be a finite array of shape ({data.n_items + 1},)")
+    seqs = user_sequences(data.train_input, data.train_target)
+    if epsilon is None:
+        counts = (D.item_presence(data.train_input, data.train_target, data.n_items) if public_item_counts is None
+                  else public_item_counts)
+        items = _top(counts, k)
+        return TransitionModel(items, transition_sum(seqs, items, data.n_items), counts, history, 0.0, None)
+    epsilon = check_epsilon(epsilon)
+    delta = check_delta(delta, num_units=data.n_users)
+    report = accounting.PrivacyReport(delta, unit="user", relation=accounting.ADD_OR_REMOVE_ONE)
+    for release in data.vocab_releases:
+        report.add_release(release)
+    for text in data.vocab_assumptions:
+        report.assume(text)
+    k_hist, k_matrix = jax.random.split(key)
+    if public_item_counts is not None:
+        counts = public_item_counts
+        report.assume("item counts (public_item_counts) declared public by the caller")
+    else:
+        # every user's item set scaled to norm 1: the popular items stand out of the noise with sensitivity 1
+        # instead of the sqrt(maxlen + 1) of plain counts
+        std = check_positive(hist_noise_multiplier, "hist_noise_multiplier")
+        report.add_gaussian("item popularity (per-user norm 1)", sensitivity=1.0, noise_std=std)
+        counts = noise.gaussian_histogram(k_hist, normalized_presence(seqs, data.n_items), std)
+        counts[0] = 0.0
+    items = _top(counts, k)  # post-processing of the release (or of public counts)
+    fixed = [r.composed_event() for r in report.releases]
+    sigma = accounting.calibrate(lambda s: dpe.ComposedDpEvent(fixed + [accounting.gaussian_event(s)]),
+                                 epsilon, delta, bracket=(0.05, 500.0))
+    report.add_gaussian("item transition sums (per-user Frobenius norm 1)", sensitivity=1.0, noise_std=sigma)
+    noisy = noise.gaussian_histogram(k_matrix, transition_sum(seqs, items, data.n_items), sigma)  # float64
+    return TransitionModel(items, noisy, counts, history, float(sigma), report)
+
+
+def _top(counts: np.ndarray, k: int) -> np.ndarray:
+    """Ids of the k largest counts (padding id 0 excluded; ties by smaller id)."""
+    c = np.asarray(counts, np.float64).copy()
+    c[0] = -np.inf
+    return np.sort(np.argsort(-c, kind="stable")[:k])
+
+
+__all__ = ["TransitionModel", "fit", "transition_sum", "user_sequences"]

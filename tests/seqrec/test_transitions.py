@@ -1,0 +1,81 @@
+"""jdp.seqrec.transitions: the one-release item-to-item recommender (exact parts against naive computations)."""
+import jax
+import numpy as np
+import pytest
+
+from jdp.seqrec import data as D
+from jdp.seqrec import transitions as T
+
+
+def _naive_sum(seqs, candidates, n_items):
+    K = len(candidates)
+    out = np.zeros((K, K))
+    where = {int(c): j for j, c in enumerate(candidates)}
+    for s in seqs:
+        m = np.zeros((K, K))
+        for a, b in zip(s[:-1], s[1:]):
+            if int(a) in where and int(b) in where:
+                m[where[int(a)], where[int(b)]] += 1
+        if m.any():
+            out += m / np.sqrt((m ** 2).sum())
+    return out
+
+
+def test_sequences_and_sums_equal_a_naive_computation():
+    rng = np.random.default_rng(0)
+    seqs = [rng.integers(1, 9, size=n) for n in (1, 2, 5, 9, 12)] + [np.array([3, 3, 3, 3])]
+    d = D.leave_last_out([s.copy() for s in seqs], 8, maxlen=20)
+    got = T.user_sequences(d.train_input, d.train_target)
+    # leave-last-out keeps all but the last two items in train (everything for users with < 3 items); the
+    # training data are next-item pairs, so a one-item user has none
+    want = [s[:0] if s.size == 1 else s if s.size < 3 else s[:-2] for s in seqs]
+    assert all(np.array_equal(g, w) for g, w in zip(got, want))
+    cands = np.array([2, 3, 5, 8])
+    np.testing.assert_allclose(T.transition_sum(want, cands, 8), _naive_sum(want, cands, 8), atol=1e-12)
+    pres = T.normalized_presence(want, 8)
+    naive = np.zeros(9)
+    for s in want:
+        u = np.unique(s)
+        naive[u] += 1 / np.sqrt(u.size) if u.size else 0
+    np.testing.assert_allclose(pres, naive)
+
+
+def test_scores_rank_by_the_rows_of_the_recent_candidates():
+    items = np.array([1, 2, 4])
+    matrix = np.array([[0.0, 5.0, 1.0], [0.0, 0.0, 3.0], [2.0, 0.0, 0.0]])
+    counts = np.array([0.0, 10.0, 20.0, 30.0, 5.0, 1.0])
+    model = T.TransitionModel(items, matrix, counts, history=2, noise_multiplier=0.0, report=None)
+    hist = np.array([[0, 3, 1], [0, 0, 5], [1, 2, 4]])
+    sc = model.scores(hist)
+    assert np.isneginf(sc[:, [0, 3, 5]]).all()              # padding and non-candidates rank last
+    np.testing.assert_allclose(sc[0, items], matrix[0] + 1e-6 * counts[items] / 31.0)    # 3 is no candidate
+    assert np.argmax(sc[1]) == 2                             # no candidate in the window: popularity of the release
+    np.testing.assert_allclose(sc[2, items], matrix[1] + matrix[2] + 1e-6 * counts[items] / 31.0)
+    # ranks: pessimistic ties, a target outside the candidates is never a hit
+    m = model.evaluate(hist, np.array([2, 3, 4]), k=1)
+    assert m == {"ndcg": pytest.approx(2 / 3), "hit": pytest.approx(2 / 3), "n_users": 3}
+
+
+def test_non_private_fit_learns_the_planted_rule_and_the_private_one_beats_popularity():
+    d = D.load("synthetic", data_seed=1)
+    ref = T.fit(d, None, 1e-5, 100, jax.random.key(0))
+    assert ref.report is None and ref.noise_multiplier == 0.0
+    popular = T.TransitionModel(ref.items, np.zeros_like(ref.matrix), ref.counts, 3, 0.0, None)
+    pop = popular.evaluate(d.valid_input, d.valid_target)["ndcg"]
+    exact = ref.evaluate(d.valid_input, d.valid_target)["ndcg"]
+    private = T.fit(d, 8.0, 1e-5, 100, jax.random.key(1))
+    noisy = private.evaluate(d.valid_input, d.valid_target)["ndcg"]
+    assert exact > 1.25 * pop and noisy > 1.25 * pop  # planted next-item rule: 0.59 / 0.58 vs 0.42
+    assert private.report.epsilon() == pytest.approx(8.0, rel=1e-3)
+
+
+@pytest.mark.parametrize("kwargs, match", [({"k": 0}, "k must be"), ({"k": 10**6}, "k must be"),
+                                           ({"k": 5, "history": 0}, "history"), ({"k": 5, "epsilon": -1.0}, "epsilon"),
+                                           ({"k": 5, "delta": 0.01}, "delta"),  # >= 1/n for 2,000 users
+                                           ({"k": 5, "public_item_counts": np.ones(3)}, "public_item_counts")])
+def test_invalid_arguments_are_refused(kwargs, match):
+    d = D.load("synthetic", data_seed=1)
+    args = {"epsilon": 1.0, "delta": 1e-5, "history": 3, "public_item_counts": None, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        T.fit(d, args["epsilon"], args["delta"], args["k"], jax.random.key(0), history=args["history"],
+              public_item_counts=args["public_item_counts"])
