@@ -1,8 +1,8 @@
 """Private item-to-item transitions: a sequential recommender trained by ONE Gaussian release (user-level DP).
 
 Unit: a user (one training sequence); relation: add/remove a user. K candidate items are the top K of item
-counts that are public or released beforehand (a Gaussian histogram in the same report: post-processing
-picks the candidates). Each user's transitions s_t -> s_t+1 between candidates form a count matrix that is
+counts declared public or released in the same report (a Gaussian histogram of each user's distinct items
+weighted 1/sqrt(their number), L2 sensitivity 1): post-processing picks the candidates. Each user's transitions s_t -> s_t+1 between candidates form a count matrix that is
 scaled to Frobenius norm 1 (0 for a user without such a transition), so the [K, K] sum over users changes by
 at most 1 in Frobenius norm when one user is added or removed: the Gaussian mechanism with L2 sensitivity 1
 releases it, and that release is the whole model. A user is scored by the rows of the candidates among their
