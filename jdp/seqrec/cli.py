@@ -6,6 +6,7 @@ Example (Video.txt is downloaded on first use into --data-dir, default $JDP_DATA
 `--data synthetic` (planted next-item sequences, no download) is a quick first run: by default one
 Transformer block, 2 epochs at batch 256, lr 3e-2, windows of the last 20 items (the planted rule is
 first-order) and one window length, so one compiled step shape.
+`--model transitions --k K`: no training, one release of item-to-item transitions (jdp.seqrec.transitions).
 `--epsilon 0` is not allowed; `--non-private` trains the explicitly non-private reference.
 Item vocabulary: `--vocabulary sasrec-exact` (default, the papers' protocol: exact item counts, stated
 in the report as an assumption NOT covered by ε), `public` (the `--item-catalogue` is the vocabulary) or
@@ -38,7 +39,13 @@ def register(subparsers) -> None:
     p.add_argument("--data-path", default=None, help="file (Video.txt / u.data / ratings.dat) or its folder; "
                    "replaces the download")
     add_data_dir_arguments(p)
-    p.add_argument("--model", default="dpformer", choices=list(MODELS))
+    p.add_argument("--model", default="dpformer", choices=[*MODELS, "transitions"],
+                   help="a network trained by DP-SGD, or 'transitions': item-to-item transitions from ONE release "
+                        "(jdp.seqrec.transitions; needs --k; its popularity release has noise std 4)")
+    p.add_argument("--k", type=int, default=None,
+                   help="transitions: number of candidate items (public choice; the best K shrinks with ε and "
+                        "with fewer users: ~500 on Amazon Games, ~100 on ML-100K at ε = 8)")
+    p.add_argument("--history", type=int, default=3, help="transitions: recent items whose rows score a user")
     p.add_argument("--epsilon", type=float, default=8.0)
     p.add_argument("--non-private", action="store_true", help="NON-PRIVATE reference run (ignores --epsilon)")
     p.add_argument("--delta", type=float, default=1e-5)
@@ -153,7 +160,12 @@ def run(args: argparse.Namespace) -> int:
     from jdp.seqrec.train import train
 
     logging.getLogger("absl").setLevel(logging.ERROR)
-    if args.data == "synthetic" and args.epochs is None:
+    if args.model == "transitions":  # refuse before any work
+        if args.k is None:
+            raise ValueError("--model transitions needs --k (the number of candidate items, a public choice)")
+        if args.mask_history or args.checkpoint or args.resume:
+            raise ValueError("--mask-history, --checkpoint and --resume do not apply to --model transitions")
+    if args.data == "synthetic" and args.epochs is None and args.model != "transitions":
         quick_compile_flags()
     t0 = time.perf_counter()
     path = args.data_path
@@ -178,6 +190,8 @@ def run(args: argparse.Namespace) -> int:
                       vocab_noise_multiplier=args.vocab_noise_multiplier, key=k_vocab, delta=args.delta,
                       data_seed=args.data_seed)
     t_load = time.perf_counter() - t0
+    if args.model == "transitions":
+        return _run_transitions(args, d, k_train, seed, t_load)
     movielens = args.data in ("ml-100k", "ml-1m")
     dropout = args.dropout if args.dropout is not None else (0.2 if movielens else 0.5)
     synthetic = args.data == "synthetic"
@@ -239,6 +253,45 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         from jdp.plots import seqrec_history
         print(f"wrote {seqrec_history(out, args.plot)}")
+    return 0
+
+
+def _run_transitions(args: argparse.Namespace, d, key, seed: int, t_load: float) -> int:
+    """`--model transitions`: one release (`jdp.seqrec.transitions.fit`), evaluated like the trained models."""
+    from jdp.seqrec import evaluate as E
+    from jdp.seqrec import transitions as T
+    public = np.load(args.public_item_counts) if args.public_item_counts else None
+    t0 = time.perf_counter()
+    model = T.fit(d, None if args.non_private else args.epsilon, args.delta, args.k, key, history=args.history,
+                  public_item_counts=public)
+    fit_s = time.perf_counter() - t0
+    mv, mt = model.evaluate(d.valid_input, d.valid_target), model.evaluate(d.test_input, d.test_target)
+    metrics = {"ndcg_at_10_valid": mv["ndcg"], "hit_at_10_valid": mv["hit"], "n_valid_users": mv["n_users"],
+               "ndcg_at_10_test": mt["ndcg"], "hit_at_10_test": mt["hit"], "n_test_users": mt["n_users"]}
+    # popularity from the release or declared counts only (the non-private reference's counts are exact)
+    baselines = E.baseline_metrics(d, public if public is not None else model.counts if model.report else None)
+    out = {"data": args.data, **({"data_seed": args.data_seed} if args.data == "synthetic" else {}),
+           "model": "transitions", "epsilon": None if args.non_private else args.epsilon, "delta": args.delta,
+           "seed": seed, "n_users": d.n_users, "n_items": d.n_items, "maxlen": d.maxlen, "k": args.k,
+           "history": args.history, "noise_multiplier": model.noise_multiplier,
+           "vocabulary": args.vocabulary, "vocabulary_assumptions": list(d.vocab_assumptions),
+           "evaluation": {"ranking": "full (all items, padding excluded)", "history_masked": False},
+           "metrics": metrics, "baselines": baselines,
+           "privacy": model.report.to_dict() if model.report is not None else {"non_private": True, "epsilon": None},
+           "timings": {"load_s": t_load, "fit_s": fit_s}}
+    if model.report is not None:
+        print(model.report)
+    print(json.dumps(metrics, indent=1))
+    for name, m in baselines.items():
+        print(f"baseline {name}: NDCG@10 test {m['ndcg_at_10_test']:.4%}  HIT@10 test {m['hit_at_10_test']:.4%}")
+    for warning in baseline_warnings(metrics, baselines):
+        out.setdefault("warnings", []).append(warning)
+        print(f"WARNING: {warning}")
+    if args.out:
+        pathlib.Path(args.out).write_text(json.dumps(out, indent=2, default=float) + "\n")
+    if args.plot:
+        from jdp.plots import seqrec_release
+        print(f"wrote {seqrec_release(out, args.plot)}")
     return 0
 
 

@@ -60,3 +60,20 @@ def test_quick_run_lowers_xla_optimisation_only_when_the_caller_set_no_flags(mon
     assert seqrec_cli.quick_compile_flags() and os.environ["XLA_FLAGS"] == seqrec_cli.QUICK_XLA_FLAGS
     monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/x")
     assert not seqrec_cli.quick_compile_flags() and os.environ["XLA_FLAGS"] == "--xla_dump_to=/tmp/x"
+
+
+def test_cli_seqrec_transitions_one_release(tmp_path, capsys):
+    """`--model transitions`: one release, its report, the baselines beside it, JSON and plot; --k is required."""
+    out, png = tmp_path / "run.json", tmp_path / "bars.png"
+    args = ["seqrec", "--data", "synthetic", "--model", "transitions", "--k", "100", "--epsilon", "8", "--seed", "1",
+            "--no-progress", "--out", str(out), "--plot", str(png)]
+    assert cli.main(args) == 0
+    res = json.loads(out.read_text())
+    assert [r["name"] for r in res["privacy"]["releases"]] == ["item popularity (per-user norm 1)",
+                                                             "item transition sums (per-user Frobenius norm 1)"]
+    assert res["privacy"]["epsilon"] == pytest.approx(8.0, rel=1e-3)
+    assert res["metrics"]["ndcg_at_10_test"] > res["baselines"]["popularity"]["ndcg_at_10_test"]
+    assert "warnings" not in res and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "total epsilon" in capsys.readouterr().out
+    assert cli.main(args[:5] + args[7:]) == 2                        # no --k: refused before any work
+    assert "needs --k" in capsys.readouterr().err
