@@ -69,8 +69,9 @@ def seqrec_release(out: dict, path) -> pathlib.Path:
     """Test NDCG@10 of a model without training curve (`jdp seqrec --model transitions`) beside the baselines."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.2))
-    names = [f"{out.get('model')} (ε={out.get('epsilon')})", *out.get("baselines", {})]
-    values = [out["metrics"]["ndcg_at_10_test"], *(b.get("ndcg_at_10_test", 0.0) for b in out.get("baselines", {}).values())]
+    baselines = out.get("baselines", {})
+    names = [f"{out.get('model')} (ε={out.get('epsilon')})", *baselines]
+    values = [out["metrics"]["ndcg_at_10_test"], *(b.get("ndcg_at_10_test", 0.0) for b in baselines.values())]
     ax.bar(names, [100 * v for v in values], color=["tab:blue"] + ["tab:gray"] * (len(values) - 1))
     ax.set_ylabel("test NDCG@10 %")
     ax.set_title(f"{out.get('data')}: one release vs what users get without it")

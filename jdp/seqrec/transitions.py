@@ -2,12 +2,13 @@
 
 Unit: a user (one training sequence); relation: add/remove a user. K candidate items are the top K of item
 counts declared public or released in the same report (a Gaussian histogram of each user's distinct items
-weighted 1/sqrt(their number), L2 sensitivity 1): post-processing picks the candidates. Each user's transitions s_t -> s_t+1 between candidates form a count matrix that is
-scaled to Frobenius norm 1 (0 for a user without such a transition), so the [K, K] sum over users changes by
-at most 1 in Frobenius norm when one user is added or removed: the Gaussian mechanism with L2 sensitivity 1
-releases it, and that release is the whole model. A user is scored by the rows of the candidates among their
-last `history` items (summed); the released counts break ties (a user without a candidate in that window gets
-the popularity ranking of the release), and items outside the candidates rank last.
+weighted 1/sqrt(their number), L2 sensitivity 1): post-processing picks the candidates. Each user's
+transitions s_t -> s_t+1 between candidates form a count matrix scaled to Frobenius norm 1 (0 for a user
+without such a transition), so the [K, K] sum over users changes by at most 1 in Frobenius norm when one user
+is added or removed: the Gaussian mechanism with L2 sensitivity 1 releases it, and that release is the whole
+model. A user is scored by the rows of the candidates among their last `history` items (summed); the released
+counts break ties (a user without a candidate in that window gets the popularity ranking of the release), and
+items outside the candidates rank last.
 
 It exists because DP-SGD on a 23,716-row item table learns little beyond popularity at these ε
 (benchmarks/README.md#seqrec): one release pools every user's transitions into the rows that carry them.
