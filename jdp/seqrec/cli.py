@@ -237,22 +237,28 @@ def run(args: argparse.Namespace) -> int:
         "privacy": res.privacy.to_dict() if res.privacy is not None else {"non_private": True, "epsilon": None},
         "timings": {**res.timings, "load_s": t_load},
     }
-    if res.privacy is not None:
-        print(res.privacy)
-    print(json.dumps(res.metrics, indent=1))
-    for name, m in res.baselines.items():
+    from jdp.plots import seqrec_history
+    return _report(args, out, res.privacy, seqrec_history)
+
+
+def _report(args: argparse.Namespace, out: dict, privacy, plot) -> int:
+    """Prints the privacy report, the metrics and the baselines of a run (with a warning for each baseline the
+    model does not beat), then writes `--out` (JSON) and `--plot` (with `plot(out, path)`)."""
+    if privacy is not None:
+        print(privacy)
+    print(json.dumps(out["metrics"], indent=1))
+    for name, m in out["baselines"].items():
         what = ("each user's own recent items, nothing released" if name == "zero_cost"
                 else "items by the released / public counts, no further release")
         print(f"baseline {name} ({what}): NDCG@10 test {m.get('ndcg_at_10_test', float('nan')):.4%}  "
               f"HIT@10 test {m.get('hit_at_10_test', float('nan')):.4%}")
-    for warning in baseline_warnings(res.metrics, res.baselines):
+    for warning in baseline_warnings(out["metrics"], out["baselines"]):
         out.setdefault("warnings", []).append(warning)
         print(f"WARNING: {warning}")
     if args.out:
         pathlib.Path(args.out).write_text(json.dumps(out, indent=2, default=float) + "\n")
     if args.plot:
-        from jdp.plots import seqrec_history
-        print(f"wrote {seqrec_history(out, args.plot)}")
+        print(f"wrote {plot(out, args.plot)}")
     return 0
 
 
@@ -279,20 +285,8 @@ def _run_transitions(args: argparse.Namespace, d, key, seed: int, t_load: float)
            "metrics": metrics, "baselines": baselines,
            "privacy": model.report.to_dict() if model.report is not None else {"non_private": True, "epsilon": None},
            "timings": {"load_s": t_load, "fit_s": fit_s}}
-    if model.report is not None:
-        print(model.report)
-    print(json.dumps(metrics, indent=1))
-    for name, m in baselines.items():
-        print(f"baseline {name}: NDCG@10 test {m['ndcg_at_10_test']:.4%}  HIT@10 test {m['hit_at_10_test']:.4%}")
-    for warning in baseline_warnings(metrics, baselines):
-        out.setdefault("warnings", []).append(warning)
-        print(f"WARNING: {warning}")
-    if args.out:
-        pathlib.Path(args.out).write_text(json.dumps(out, indent=2, default=float) + "\n")
-    if args.plot:
-        from jdp.plots import seqrec_release
-        print(f"wrote {seqrec_release(out, args.plot)}")
-    return 0
+    from jdp.plots import seqrec_release
+    return _report(args, out, model.report, seqrec_release)
 
 
 __all__ = ["baseline_warnings", "register", "run"]
