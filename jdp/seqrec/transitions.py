@@ -103,6 +103,8 @@ class TransitionModel:
             idx = keep[s:s + chunk]
             sc = self.scores(inputs[idx])
             own = sc[np.arange(idx.size), targets[idx]]
+            # jdp.metrics.rank_of_target's rule, in float64 on the host: in float32 the tie-breaking term
+            # (1e-6 of the scores' scale) would round away and turn orderings into ties
             ranks.append(np.sum(sc >= own[:, None], axis=1) - 1)
         return {**ndcg_hit_from_ranks(np.concatenate(ranks), k), "n_users": int(keep.size)}
 
