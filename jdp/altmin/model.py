@@ -13,7 +13,9 @@ the item ridge grows with the noise (`item_ridge`), so as ε shrinks the release
 the model tends to the zero-cost one (prior + each user's own bias, `zero_cost_model`). Budget
 allocation across a user's items: uniform sampling of k items, tail-biased sampling of the k items with
 the smallest private counts, or adaptive weights n̂_i^(−μ) clipped per user to Σ_i w_ij² ≤ k (ω_i = 1
-without counts when they would be of no use, `counts_useful`). At rank 0 every step's Gram is the same
+without counts when they would be of no use, `counts_useful`). The noisy-GD item update caps each item's
+step by its released count; `dpsgd-uniform` releases counts for those caps by the same rule, so that every
+allocation's step sizes see the same information. At rank 0 every step's Gram is the same
 weighted count, released once (`_gram_released_once`). Pre-processing (private item counts, private
 global mean) is accounted too: the PrivacyReport lists every release and composes them with dp_accounting.
 
@@ -79,9 +81,15 @@ class Method:
 
     @property
     def needs_counts(self) -> bool:
-        """Tail sampling and adaptive weights can read the private item counts (whether a fit does:
-        `AltMinConfig.releases_counts`)."""
-        return self.allocation in ("tail", "adaptive")
+        """Whether the method can read the private item counts (whether a fit does: `AltMinConfig.releases_counts`):
+        tail sampling and adaptive weights for the allocation, noisy GD for its per-item step caps."""
+        return self.allocation in ("tail", "adaptive") or (self.rule == NOISY_GD and self.private)
+
+    @property
+    def optional_counts(self) -> bool:
+        """Whether the count release is optional (`AltMinConfig.count_release`, resolved by `counts_useful`):
+        every method that can read counts except tail sampling, which cannot run without them."""
+        return self.needs_counts and self.allocation != "tail"
 
     @staticmethod
     def parse(method: str) -> "Method":
@@ -163,10 +171,11 @@ class AltMinConfig:
                                          # reference keeps its tuned model).
                                          # Training's own user solves keep a_u = 1 (the item update's features stay γ₀)
     count_fraction: float = 0.12         # ε share that sets the noise of the private item counts
-    adaptive_counts: bool | None = None  # ada-*: release the item counts for the weights n̂_i^(−μ). None: only when
-                                         # they are of use (`counts_useful`, from public sizes and σ); without them
-                                         # ω_i = 1 (μ = 0: every rating of a user weighs min(1, √(k/n_j))) and all
-                                         # of ε goes to the item update
+    count_release: bool | None = None    # ada-*, dpsgd-uniform: release the item counts (the weights n̂_i^(−μ); noisy
+                                         # GD's per-item step caps). None: only when they are of use (`counts_useful`,
+                                         # from public sizes and σ); without them ω_i = 1 (μ = 0: every rating of a
+                                         # user weighs min(1, √(k/n_j))), noisy GD caps every step at that of an
+                                         # item all users rated, and all of ε goes to the item update
     center_fraction: float = 0.1         # ε share of the private global mean (global_mean='private' only)
     ratings_per_user: float | None = None  # r̄: mean of min(n_j, k) over the declared users, if the caller declares
                                          # it PUBLIC; None: the rank rule assumes every user spends k and, when that
@@ -218,10 +227,11 @@ class AltMinConfig:
         if self.ratings_per_user is not None and not 0 <= self.ratings_per_user <= self.budget:
             raise ValueError(f"ratings_per_user (a declared public mean of min(n_j, k)) must lie in [0, budget = "
                              f"{self.budget}], got {self.ratings_per_user}")
-        if self.adaptive_counts is not None and (not isinstance(self.adaptive_counts, bool)
-                                                 or self.parsed_method.allocation != "adaptive"):
-            raise ValueError(f"adaptive_counts must be None, True or False, and only for the adaptive methods "
-                             f"(ada-dpals, ada-dpsgd); got {self.adaptive_counts!r} for {self.method!r}")
+        if self.count_release is not None and (not isinstance(self.count_release, bool)
+                                               or not self.parsed_method.optional_counts):
+            raise ValueError(f"count_release must be None, True or False, and only for the methods whose count "
+                             f"release is optional ({', '.join(m for m in METHODS if Method.parse(m).optional_counts)}); "
+                             f"got {self.count_release!r} for {self.method!r}")
         if self.weight_mode not in ("clip", "normalize"):
             raise ValueError(f"weight_mode must be 'clip' or 'normalize', got {self.weight_mode!r}")
         global_mean = self.global_mean if self.global_mean is not None else ("prior" if self.private else "exact")
@@ -278,11 +288,11 @@ class AltMinConfig:
 
     @property
     def releases_counts(self) -> bool:
-        """Whether a fit releases private item counts: tail sampling always; the adaptive methods unless
-        `adaptive_counts` is False (`plan_run` resolves None by `counts_useful`)."""
+        """Whether a fit releases private item counts: tail sampling always; the adaptive methods and
+        dpsgd-uniform unless `count_release` is False (`plan_run` resolves None by `counts_useful`)."""
         method = self.parsed_method
-        if method.allocation == "adaptive":
-            return self.adaptive_counts is not False
+        if method.optional_counts:
+            return self.count_release is not False
         return method.needs_counts
 
     @property
@@ -567,8 +577,8 @@ def plan_run(cfg: AltMinConfig, n_users: int, n_items: int, released_ratings_per
     its noise multipliers and its releases; `fit` and `candidate_event` both use it, so the accounted event is
     the one that runs. An unset dim comes from `default_dim`; when that is 0 (biases only) and steps were not
     set, one step is taken (see `_gram_released_once`) and σ is recalibrated.
-    The adaptive methods release item counts only when `counts_useful` (unless the caller set
-    `adaptive_counts`). The noisy-GD methods
+    The adaptive methods and dpsgd-uniform release item counts only when `counts_useful` (unless the caller set
+    `count_release`). The noisy-GD methods
     default to rank 0 (their default step size does not learn factors from a random start).
 
     The rank check: `default_dim` needs the users' mean min(n_j, k). Unless the caller declares it
@@ -613,9 +623,9 @@ def plan_run(cfg: AltMinConfig, n_users: int, n_items: int, released_ratings_per
         if dim == 0 and (not steps_given or _gram_released_once(cfg)):
             # the steps or the releases (rank 0: A once) changed: spend exactly ε again
             noise = calibrate_noise(cfg, size_release=noise.size is not None)
-    if cfg.adaptive_counts is None and cfg.parsed_method.allocation == "adaptive":
-        cfg = dataclasses.replace(cfg, adaptive_counts=counts_useful(cfg, noise, n_users, n_items, per_user))
-        if not cfg.adaptive_counts:
+    if cfg.count_release is None and cfg.parsed_method.optional_counts:
+        cfg = dataclasses.replace(cfg, count_release=counts_useful(cfg, noise, n_users, n_items, per_user))
+        if not cfg.count_release:
             noise = calibrate_noise(cfg, size_release=noise.size is not None)  # no count release: all of ε to the item update
     return RunPlan(cfg, noise, run_releases(cfg, noise))
 
@@ -759,23 +769,36 @@ def _mean_item_count(n_users: int, n_items: int, budget: int, ratings_per_user: 
 
 def counts_useful(cfg: AltMinConfig, noise: NoiseMultipliers, n_users: int, n_items: int,
                   ratings_per_user: float | None = None) -> bool:
-    """Whether an adaptive method (`ada-dpals`, `ada-dpsgd`) releases item counts, from PUBLIC quantities and the
-    noise multipliers only (resolved cfg with its final dim and steps). The counts steer the weights
-    ω_i = n̂_i^(−μ) only when resolvable: their noise std σ_c·√k (`count_releases`) is below the mean count the
+    """Whether a method with an optional count release (`ada-dpals`, `ada-dpsgd`, `dpsgd-uniform`) releases item
+    counts, from PUBLIC quantities and the noise multipliers only (resolved cfg with its final dim and steps). The
+    counts steer the weights ω_i = n̂_i^(−μ) only when resolvable: their noise std σ_c·√k (`count_releases`) is below the mean count the
     declared sizes imply, min(n_users·r̄/n_items, n_users) (r̄ as in `default_dim`); noisier counts make ω_i near random while taking
     count_fraction of ε from the item update. Noisy GD also reads them for its per-item step caps
     (`item_step_sizes`), which bind only when the early-stopping step exceeds the cap that is safe without counts
-    (every item rated by every user). Without counts every item gets ω_i = 1 (μ = 0: a user's weights
+    (every item rated by every user): the only use `dpsgd-uniform` has for them. Without counts every item gets ω_i = 1 (μ = 0: a user's weights
     min(1, √(k/n_j))), and the SSP solve still reads each item's count from its released Gram.
     Measured on ML-100K (validation RMSE, ada-dpals, seeds 0-4, count noise / mean count 5.2 / 2.7 / 1.15 /
     0.61 / 0.33 at ε = 1 / 2 / 5 / 10 / 20): without vs with counts 1.0263 / 1.0068 / 0.9833 / 0.9669 / 0.9565
     vs 1.0320 / 1.0153 / 0.9861 / 0.9663 / 0.9544."""
-    mean_count = _mean_item_count(n_users, n_items, cfg.budget, ratings_per_user)
-    resolvable = noise.counts * math.sqrt(cfg.budget) < mean_count
-    if resolvable or cfg.parsed_method.rule == RIDGE:
+    resolvable = counts_resolvable(cfg, noise, n_users, n_items, ratings_per_user)
+    if cfg.parsed_method.rule == RIDGE:
         return resolvable
+    if resolvable and cfg.parsed_method.allocation == "adaptive":  # uniform sampling reads them for the steps only
+        return True
     lr, clip_level = _early_stopping_step(cfg, noise, n_users, n_items)
     return lr > SGD_STEP / (clip_level * cfg.item_feature_bound ** 2)  # the cap for ω_i = 1, n_i ≤ n_users
+
+
+def counts_resolvable(cfg: AltMinConfig, noise: NoiseMultipliers, n_users: int, n_items: int,
+                      ratings_per_user: float | None = None) -> bool:
+    """Whether released counts can steer the adaptive weights ω_i = n̂_i^(−μ): their noise std σ_c·√k is below the
+    mean count the declared sizes imply (`counts_useful`). Public quantities and σ only. Counts released for
+    noisy GD's step caps alone (below this level) leave the weights at ω_i = 1: on ML-100K at ε = 2 (count noise
+    2.7× the mean count; 5 seeds) ada-dpsgd with ω_i = n̂_i^(−1/4) reached test RMSE 0.9937, with ω_i = 1 0.9831
+    (dpsgd-uniform with the same counts for its caps: 0.9885)."""
+    if noise is None or noise.counts is None:
+        return False
+    return noise.counts * math.sqrt(cfg.budget) < _mean_item_count(n_users, n_items, cfg.budget, ratings_per_user)
 
 
 def fit(train: Interactions, cfg: AltMinConfig, seed: int | None = None, *, tune: str | None = None,
@@ -823,8 +846,10 @@ def fit(train: Interactions, cfg: AltMinConfig, seed: int | None = None, *, tune
     cfg, noise = plan.config, plan.noise
     for release in plan.releases:
         report.add_release(release)
-    if cfg.parsed_method.allocation == "adaptive" and not cfg.releases_counts:
-        report.assume("adaptive weights without item counts (counts_useful: of no use at this noise): ω_i = 1")
+    if cfg.parsed_method.optional_counts and not cfg.releases_counts:
+        report.assume("adaptive weights without item counts (counts_useful: of no use at this noise): ω_i = 1"
+                      if cfg.parsed_method.allocation == "adaptive" else
+                      "noisy-GD step caps without item counts (counts_useful: of no use at this noise)")
 
     # Pre-processing: the global mean μ and the budget allocation (weights with Σ_i w_ij² ≤ k per user).
     mean = _global_mean(train, cfg, noise, k_mean, report)
@@ -908,12 +933,19 @@ def _allocation_weights(train: Interactions, cfg: AltMinConfig, noise: NoiseMult
         weights = uniform_sampling_weights(k_weights, user, k)
     elif method.allocation == "tail":
         weights = tail_sampling_weights(k_weights, user, item, counts, k)
-    else:  # without counts (`counts_useful` said no): ω_i = 1
-        weights = adaptive_weights(counts, user, item, train.n_users, float(k), cfg.mu, cfg.weight_mode,
-                                   n_tasks=train.n_items)
+    else:  # without counts, or counts too noisy to steer them (released for noisy GD's step caps): ω_i = 1
+        weights = adaptive_weights(_weight_counts(counts, cfg, noise, train), user, item, train.n_users, float(k),
+                                   cfg.mu, cfg.weight_mode, n_tasks=train.n_items)
     weights = np.asarray(weights)
     check_user_budget(train.user, weights, train.n_users, float(k))
     return weights, None if counts is None else np.asarray(counts)
+
+
+def _weight_counts(counts, cfg: AltMinConfig, noise: NoiseMultipliers | None, train: Interactions):
+    """The released counts the adaptive weights read: None (ω_i = 1) unless `counts_resolvable`."""
+    if counts is None or not counts_resolvable(cfg, noise, train.n_users, train.n_items, cfg.ratings_per_user):
+        return None
+    return counts
 
 
 class _RidgeItemUpdate:
@@ -995,8 +1027,9 @@ class _NoisyGDItemUpdate:
         self.n_items, self.n_users = train.n_items, train.n_users
         self.task_lr = None
         if cfg.sgd_lr is None:
-            omega = (adaptive_item_weights(counts, cfg, train.n_users)
-                     if cfg.parsed_method.allocation == "adaptive" and counts is not None else None)
+            weight_counts = _weight_counts(counts, cfg, noise, train)
+            omega = (adaptive_item_weights(weight_counts, cfg, train.n_users)
+                     if cfg.parsed_method.allocation == "adaptive" and weight_counts is not None else None)
             self.task_lr = item_step_sizes(cfg, noise, counts, train.n_users, train.n_items, omega)
 
     def __call__(self, v: jax.Array, c: jax.Array, feats: jax.Array, labels: jax.Array, key: jax.Array) -> jax.Array:
@@ -1030,7 +1063,8 @@ def item_step_sizes(cfg: AltMinConfig, noise: NoiseMultipliers, counts: np.ndarr
     - No overshoot: item i's curvature is ≈ s̄·X²·ω_i·n_i/n (w_ij ≤ ω_i: 1 for sampling, eq. 16 for adaptive
       weights; n_i bounded by the released count + COUNT_UCB noise stds, or by n_users without counts), and the
       step is at most SGD_STEP (one Newton step at the typical clip factor) over it. Without counts
-      (`dpsgd-uniform`) every item gets the step that is safe for an item rated by everyone.
+      (`count_release` False or resolved so by `counts_useful`) every item gets the step that is safe for an item
+      rated by everyone.
     Measured (ML-100K, validation RMSE, ada-dpsgd, 2 splits): ε = 5 0.977 and ε = 20 0.957 with these steps,
     vs 1.04 with the former global step 0.5 (the biases barely moved) and 0.978 with a hand-picked global 64.
     """

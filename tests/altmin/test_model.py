@@ -53,7 +53,9 @@ def test_method_names_parse_into_update_rule_and_allocation():
         "ada-dpals": (RIDGE, "adaptive"), "dpsgd-uniform": (NOISY_GD, "uniform"), "dpsgd-tail": (NOISY_GD, "tail"),
         "ada-dpsgd": (NOISY_GD, "adaptive")}
     assert [m for m, p in parsed.items() if not p.private] == ["als"]
-    assert [m for m, p in parsed.items() if p.needs_counts] == ["dpals-tail", "ada-dpals", "dpsgd-tail", "ada-dpsgd"]
+    assert [m for m, p in parsed.items() if p.needs_counts] == ["dpals-tail", "ada-dpals", "dpsgd-uniform", "dpsgd-tail",
+                                                                "ada-dpsgd"]
+    assert [m for m, p in parsed.items() if p.optional_counts] == ["ada-dpals", "dpsgd-uniform", "ada-dpsgd"]
     for bad in ("dpsgd", "ADA-DPALS", "ada-dpals "):
         with pytest.raises(ValueError, match="method must be one of"):
             Method.parse(bad)

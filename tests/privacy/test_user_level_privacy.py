@@ -607,6 +607,36 @@ def test_rank0_gram_is_released_once_and_every_step_reuses_it(ratings, method):
     assert not np.allclose(seen[0][:, 1], seen[-1][:, 1])
 
 
+def test_adaptive_weights_ignore_counts_released_only_for_step_caps(ratings):
+    """Counts too noisy to steer the weights (`counts_resolvable` false) but released for noisy GD's step caps leave
+    ada-dpsgd's weights at ω_i = 1, and its step caps use ω_i = 1 too (the caps bound w_ij by ω_i: weights and
+    caps must agree); resolvable counts steer both."""
+    from jdp.altmin import model as altmin_model
+    seen = []
+    original = altmin_model.adaptive_weights
+
+    def spy(counts, *args, **kwargs):
+        seen.append(counts)
+        return original(counts, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(altmin_model, "adaptive_weights", spy)
+        for eps, resolvable in ((0.2, False), (200.0, True)):
+            cfg = _cfg("ada-dpsgd", epsilon=eps, count_release=True)
+            plan = plan_run(cfg, ratings.n_users, ratings.n_items)
+            assert altmin_model.counts_resolvable(plan.config, plan.noise, ratings.n_users, ratings.n_items) is resolvable
+            model = fit(ratings, cfg, seed=0)
+            assert "item counts" in [r.name for r in model.report.releases]
+            assert (seen[-1] is not None) is resolvable
+            weights = np.ones(ratings.nnz, np.float32)
+            counts = np.full(ratings.n_items, 50.0, np.float32)
+            update = altmin_model._NoisyGDItemUpdate(ratings, weights, plan.config, plan.noise, {}, counts)
+            expected_omega = (altmin_model.adaptive_item_weights(counts, plan.config, ratings.n_users)
+                              if resolvable else None)
+            np.testing.assert_allclose(update.task_lr, altmin_model.item_step_sizes(
+                plan.config, plan.noise, counts, ratings.n_users, ratings.n_items, expected_omega))
+
+
 def test_rank0_item_update_refuses_a_changed_gram(ratings):
     """Reusing A's noise is only private while A is unchanged: if a later step's Gram differed (here: the
     constant feature changed), the item update raises instead of releasing A again under the same noise."""
@@ -624,12 +654,12 @@ def test_rank0_item_update_refuses_a_changed_gram(ratings):
         update(v, c, 2 * feats, labels, jax.random.key(3))
 
 
-@pytest.mark.parametrize("method", ["ada-dpals", "ada-dpsgd"])
-def test_adaptive_methods_without_useful_counts_release_none_and_read_none(ratings, method):
+@pytest.mark.parametrize("method", ["ada-dpals", "ada-dpsgd", "dpsgd-uniform"])
+def test_methods_without_useful_counts_release_none_and_read_none(ratings, method):
     """When the counts would be of no use (noise above the mean public count; for noisy GD also no step cap that
-    needs them), an adaptive method releases no counts (the report has no 'item counts', all of ε goes to the
-    item update) and never computes them; its weights are ω_i = 1 clipped per user, within the budget. At large
-    ε the counts are released as before."""
+    needs them), a method whose count release is optional releases no counts (the report has no 'item counts',
+    all of ε goes to the item update) and never computes them; adaptive weights are then ω_i = 1 clipped per
+    user, within the budget. At large ε the counts are released as before."""
     from jdp.altmin import model as altmin_model
     calls = []
     original = altmin_model.private_counts
@@ -641,12 +671,12 @@ def test_adaptive_methods_without_useful_counts_release_none_and_read_none(ratin
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(altmin_model, "private_counts", spy)
         low = fit(ratings, _cfg(method, epsilon=0.2), seed=0)
-        assert not low.config.adaptive_counts and not calls
+        assert not low.config.count_release and not calls
         assert "item counts" not in [r.name for r in low.report.releases]
         assert any("without item counts" in a for a in low.report.assumptions)
         assert low.report.epsilon() == pytest.approx(0.2, rel=1e-3)
         high = fit(ratings, _cfg(method, epsilon=200.0), seed=0)
-        assert high.config.adaptive_counts and calls
+        assert high.config.count_release and calls
         assert "item counts" in [r.name for r in high.report.releases]
     w = np.asarray(W.adaptive_weights(None, jnp.asarray(ratings.user), jnp.asarray(ratings.item), ratings.n_users,
                                       100.0, 0.25, n_tasks=ratings.n_items))
@@ -654,8 +684,9 @@ def test_adaptive_methods_without_useful_counts_release_none_and_read_none(ratin
                                          jnp.asarray(ratings.item), ratings.n_users, 100.0))
     np.testing.assert_array_equal(w, ref)
     assert np.bincount(ratings.user, weights=w.astype(np.float64) ** 2).max() <= 100.0
-    for bad in (dict(method="dpals-uniform", adaptive_counts=True), dict(method=method, adaptive_counts="no")):
-        with pytest.raises(ValueError, match="adaptive_counts"):
+    for bad in (dict(method="dpals-uniform", count_release=True), dict(method="dpsgd-tail", count_release=False),
+                dict(method=method, count_release="no")):
+        with pytest.raises(ValueError, match="count_release"):
             AltMinConfig(epsilon=1.0, **bad).resolve()
     with pytest.raises(ValueError, match="n_tasks"):
         W.adaptive_weights(None, jnp.asarray(ratings.user), jnp.asarray(ratings.item), ratings.n_users, 100.0, 0.25)
