@@ -942,8 +942,12 @@ def _allocation_weights(train: Interactions, cfg: AltMinConfig, noise: NoiseMult
 
 
 def _weight_counts(counts, cfg: AltMinConfig, noise: NoiseMultipliers | None, train: Interactions):
-    """The released counts the adaptive weights read: None (ω_i = 1) unless `counts_resolvable`."""
-    if counts is None or not counts_resolvable(cfg, noise, train.n_users, train.n_items, cfg.ratings_per_user):
+    """The released counts the adaptive weights read. Noisy GD: None (ω_i = 1) unless `counts_resolvable` (it may
+    release them for its step caps alone). SSP releases them only for the weights (`counts_useful`, or the
+    caller's `count_release=True`), so it always reads them."""
+    if counts is None or cfg.parsed_method.rule != NOISY_GD:
+        return counts
+    if not counts_resolvable(cfg, noise, train.n_users, train.n_items, cfg.ratings_per_user):
         return None
     return counts
 
