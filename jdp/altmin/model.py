@@ -482,7 +482,22 @@ def _mean_releases(cfg: AltMinConfig, sigma: float) -> list[Release]:
 
 
 def _count_releases(cfg: AltMinConfig, sigma: float) -> list[Release]:
-    return count_releases(cfg.budget, sigma, name="item counts")
+    releases = count_releases(cfg.budget, sigma, name="item counts")
+    if _releases_kept_counts(cfg):  # both inside count_fraction of ε
+        releases += count_releases(cfg.budget, sigma, name=KEPT_COUNTS)
+    return releases
+
+
+KEPT_COUNTS = "item counts of the tail sample"
+
+
+def _releases_kept_counts(cfg: AltMinConfig) -> bool:
+    """dpsgd-tail: a second count release, of the ratings the tail sample kept, for the noisy-GD step caps. The raw
+    counts choose the sample but bound a popular item's kept ratings loosely (a user keeps their k least popular
+    items), so caps from them held popular items still: on the ML10M-scale synthetic (2 splits) dpsgd-tail reached
+    0.841 / 0.847 test RMSE at ε = 1 / 5 with them, 0.818 with the kept counts at √2 their noise."""
+    method = cfg.parsed_method
+    return method.allocation == "tail" and method.rule == NOISY_GD
 
 
 def _size_releases(cfg: AltMinConfig, sigma: float) -> list[Release]:
@@ -923,7 +938,8 @@ def _allocation_weights(train: Interactions, cfg: AltMinConfig, noise: NoiseMult
                         k_counts: jax.Array, k_weights: jax.Array) -> tuple[np.ndarray, np.ndarray | None]:
     """(each rating's weight in the item update, the released item counts or None). Private methods keep
     Σ_i w_ij² ≤ k for every user (checked). Tail sampling and adaptive weights read the private item counts
-    when `cfg.releases_counts` (their release is in the plan)."""
+    when `cfg.releases_counts` (their release is in the plan). dpsgd-tail returns the released counts of the
+    ratings its sample kept (`_releases_kept_counts`) for its step caps."""
     method, k = cfg.parsed_method, cfg.budget
     if not method.private:
         return np.ones(train.nnz, np.float32), None
@@ -933,6 +949,10 @@ def _allocation_weights(train: Interactions, cfg: AltMinConfig, noise: NoiseMult
         weights = uniform_sampling_weights(k_weights, user, k)
     elif method.allocation == "tail":
         weights = tail_sampling_weights(k_weights, user, item, counts, k)
+        if _releases_kept_counts(cfg):  # the kept ratings: ≤ k distinct items per user, sensitivity √k as above
+            kept = np.asarray(weights) > 0
+            counts = private_counts(jax.random.fold_in(k_counts, 1), user[kept], item[kept], train.n_items, k,
+                                    noise.counts, name=KEPT_COUNTS).counts
     else:  # without counts, or counts too noisy to steer them (released for noisy GD's step caps): ω_i = 1
         weights = adaptive_weights(_weight_counts(counts, cfg, noise, train), user, item, train.n_users, float(k),
                                    cfg.mu, cfg.weight_mode, n_tasks=train.n_items)

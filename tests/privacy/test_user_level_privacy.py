@@ -17,7 +17,7 @@ import pytest
 
 from jdp.accounting import PrivacyReport, compute_epsilon
 from jdp.altmin import METHODS, AltMinConfig, Method, candidate_event, fit
-from jdp.altmin.model import NOISY_GD, plan_run
+from jdp.altmin.model import KEPT_COUNTS, NOISY_GD, plan_run
 from jdp.data import Interactions, planted_powerlaw
 from jdp.multitask import gram
 from jdp.multitask import weights as W
@@ -34,6 +34,9 @@ def ratings():
 def _with_rows(data: Interactions, user, item, rating, n_users=None) -> Interactions:
     return Interactions(np.r_[data.user, user], np.r_[data.item, item], np.r_[data.rating, rating],
                         data.n_users if n_users is None else n_users, data.n_items)
+
+
+COUNT_RELEASES = ("item counts", KEPT_COUNTS)
 
 
 def _cfg(method, **kw):
@@ -64,9 +67,10 @@ def test_report_after_fit_is_the_event_calibration_used(ratings, method):
     names = [r.name for r in rep.releases]
     assert names[:2] == ["global mean (sum)", "global mean (count)"]
     assert ("item counts" in names) == plan.config.releases_counts == (sigma_counts is not None)
+    assert (KEPT_COUNTS in names) == (method == "dpsgd-tail")  # its step caps read the kept ratings' counts
     assert plan.config.releases_counts <= Method.parse(method).needs_counts
     for r in rep.releases:  # each release's noise std is its σ times its sensitivity
-        s = sigma_mean if r.name.startswith("global mean") else sigma_counts if r.name == "item counts" else sigma
+        s = sigma_mean if r.name.startswith("global mean") else sigma_counts if r.name in COUNT_RELEASES else sigma
         assert r.noise_scale == pytest.approx(s * r.sensitivity, rel=1e-12)
     steps = [r for r in rep.releases if r.name.startswith("item update")]
     assert [r.count for r in steps] == ([2] if rule == NOISY_GD else [2, 2])  # steps × 1 inner step
@@ -161,6 +165,49 @@ def test_private_counts_worst_case_user_within_recorded_sensitivity():
         sens = rep.releases[0].sensitivity
         assert contribution <= sens * (1 + 1e-4), (label, contribution, sens)
         assert contribution >= sens * (1 - 1e-3)  # the bound is attained: the worst case is really tested
+
+
+def test_tail_sample_kept_counts_worst_case_user_within_recorded_sensitivity(ratings):
+    """dpsgd-tail's second count release (the ratings its tail sample kept, for the step caps): given the released
+    counts that choose the sample, the other users' kept sets do not depend on a user, and a user keeps at most k
+    distinct items, so adding the heaviest user moves the kept counts by exactly √k in L2, the sensitivity the
+    report records; and the fit releases those counts, not the raw ones, to its step caps."""
+    from jdp.altmin import model as altmin_model
+    k = 5
+    cfg = _cfg("dpsgd-tail", budget=k)
+    plan = plan_run(cfg, ratings.n_users, ratings.n_items)
+    (raw, kept_release) = [r for r in plan.releases if r.name in COUNT_RELEASES]
+    assert raw.name == "item counts" and kept_release.name == KEPT_COUNTS
+    assert kept_release.sensitivity == pytest.approx(np.sqrt(k)) and kept_release.event == raw.event
+    released = jnp.asarray(np.random.default_rng(0).uniform(1, 50, ratings.n_items), jnp.float32)
+    user, item = jnp.asarray(ratings.user), jnp.asarray(ratings.item)
+    heaviest = int(np.argmax(np.bincount(ratings.user)))
+    assert np.sum(ratings.user == heaviest) > k
+
+    def kept_counts(rows):
+        w = np.asarray(W.tail_sampling_weights(jax.random.key(1), user[rows], item[rows], released, k))
+        return np.bincount(ratings.item[rows], weights=(w > 0).astype(np.float64), minlength=ratings.n_items)
+
+    everyone = np.ones(ratings.nnz, bool)
+    change = np.linalg.norm(kept_counts(everyone) - kept_counts(ratings.user != heaviest))
+    assert change == pytest.approx(kept_release.sensitivity, rel=1e-6)  # the bound, attained
+    seen = []
+    original = altmin_model.private_counts
+
+    def spy(key, u, i, *args, **kwargs):
+        out = original(key, u, i, *args, **kwargs)
+        seen.append((kwargs.get("name"), np.asarray(u).size, np.asarray(out.counts)))
+        return out
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(altmin_model, "private_counts", spy)
+        steps = []
+        mp.setattr(altmin_model, "item_step_sizes", lambda c, n, counts, *a, **kw: steps.append(counts) or
+                   np.ones(ratings.n_items, np.float32))
+        fit(ratings, cfg, seed=0)
+    assert [name for name, _, _ in seen] == [None, KEPT_COUNTS]
+    assert seen[1][1] <= k * ratings.n_users  # only kept pairs, ≤ k per user
+    np.testing.assert_array_equal(steps[0], seen[1][2])
 
 
 def test_private_mean_worst_case_user_within_recorded_sensitivity():
