@@ -22,7 +22,8 @@ def small():
     ("dpals-uniform", ["global mean (sum)", "global mean (count)", "item update (SSP) A (Gram)", "item update (SSP) b (rhs)"]),
     ("ada-dpals", ["global mean (sum)", "global mean (count)", "item counts", "item update (SSP) A (Gram)",
                    "item update (SSP) b (rhs)"]),
-    ("dpsgd-tail", ["global mean (sum)", "global mean (count)", "item counts", "item update (noisy GD) step"]),
+    ("dpsgd-tail", ["global mean (sum)", "global mean (count)", "item counts", "item counts of the tail sample",
+                    "item update (noisy GD) step"]),
 ])
 def test_report_composes_every_release_to_the_target(small, method, names):
     _, (train, _, _) = small
