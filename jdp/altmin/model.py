@@ -49,7 +49,8 @@ from jdp.multitask import gram, noisy_gd
 from jdp.multitask.counts import (count_releases, label_sum_releases, private_counts, private_mean,
                                   private_total_count, total_count_releases)
 from jdp.multitask.noisy_gd import NoisyGDConfig, noisy_gd_releases
-from jdp.multitask.ssp import check_user_budget, clip_label_norms, solve_tasks, ssp_releases, task_mesh
+from jdp.multitask.ssp import (check_user_budget, clip_label_norms, count_posterior_mean, solve_tasks, ssp_releases,
+                               task_mesh)
 from jdp.multitask.weights import adaptive_weights, tail_sampling_weights, task_weights, uniform_sampling_weights
 from jdp.noise import clip_by_norm, seeded_key
 from jdp.validation import check_delta, check_epsilon, check_positive
@@ -806,11 +807,11 @@ def counts_useful(cfg: AltMinConfig, noise: NoiseMultipliers, n_users: int, n_it
 
 def counts_resolvable(cfg: AltMinConfig, noise: NoiseMultipliers, n_users: int, n_items: int,
                       ratings_per_user: float | None = None) -> bool:
-    """Whether released counts can steer the adaptive weights ω_i = n̂_i^(−μ): their noise std σ_c·√k is below the
-    mean count the declared sizes imply (`counts_useful`). Public quantities and σ only. Counts released for
-    noisy GD's step caps alone (below this level) leave the weights at ω_i = 1: on ML-100K at ε = 2 (count noise
-    2.7× the mean count; 5 seeds) ada-dpsgd with ω_i = n̂_i^(−1/4) reached test RMSE 0.9937, with ω_i = 1 0.9831
-    (dpsgd-uniform with the same counts for its caps: 0.9885)."""
+    """Whether released counts can steer the adaptive weights ω_i = n̂_i^(−μ) on their own: their noise std σ_c·√k is
+    below the mean count the declared sizes imply (`counts_useful` releases them for the weights alone only then).
+    Public quantities and σ only. Counts that noisy GD releases for its step caps below this level reach the
+    weights through their posterior (`_weight_counts`): the plug-in n̂ lost there (ML-100K, ε = 2, 5 seeds:
+    ada-dpsgd 0.9937 test RMSE with it, 0.9831 with ω_i = 1)."""
     if noise is None or noise.counts is None:
         return False
     return noise.counts * math.sqrt(cfg.budget) < _mean_item_count(n_users, n_items, cfg.budget, ratings_per_user)
@@ -953,7 +954,7 @@ def _allocation_weights(train: Interactions, cfg: AltMinConfig, noise: NoiseMult
             kept = np.asarray(weights) > 0
             counts = private_counts(jax.random.fold_in(k_counts, 1), user[kept], item[kept], train.n_items, k,
                                     noise.counts, name=KEPT_COUNTS).counts
-    else:  # without counts, or counts too noisy to steer them (released for noisy GD's step caps): ω_i = 1
+    else:  # without counts: ω_i = 1; noisy GD reads them through their posterior (`_weight_counts`)
         weights = adaptive_weights(_weight_counts(counts, cfg, noise, train), user, item, train.n_users, float(k),
                                    cfg.mu, cfg.weight_mode, n_tasks=train.n_items)
     weights = np.asarray(weights)
@@ -962,14 +963,18 @@ def _allocation_weights(train: Interactions, cfg: AltMinConfig, noise: NoiseMult
 
 
 def _weight_counts(counts, cfg: AltMinConfig, noise: NoiseMultipliers | None, train: Interactions):
-    """The released counts the adaptive weights read. Noisy GD: None (ω_i = 1) unless `counts_resolvable` (it may
-    release them for its step caps alone). SSP releases them only for the weights (`counts_useful`, or the
-    caller's `count_release=True`), so it always reads them."""
-    if counts is None or cfg.parsed_method.rule != NOISY_GD:
+    """The counts the adaptive weights ω_i = n_i^(−μ) read. SSP: the released counts (it releases them only for the
+    weights, when `counts_useful` or the caller forces it). Noisy GD, which may release them for its step caps
+    alone at a noise far above the counts: the effective counts (E[n^(−μ) | n̂])^(−1/μ) under the public
+    scale-free prior up to n_users (`count_posterior_mean`; post-processing), so noisy counts steer the weights
+    only as far as they are informative (the plug-in n̂ where the noise is small). On ML-100K at ε = 5 (count noise
+    1.2× the mean count; 5 seeds) ada-dpsgd reached test RMSE 0.9642 and 1.124 on the tail buckets 0-1 with them,
+    0.9651 / 1.143 with ω_i = 1 and 0.9672 / 1.133 with the plug-in counts."""
+    if counts is None or cfg.parsed_method.rule != NOISY_GD or cfg.mu == 0:
         return counts
-    if not counts_resolvable(cfg, noise, train.n_users, train.n_items, cfg.ratings_per_user):
-        return None
-    return counts
+    mu, std = float(cfg.mu), float(noise.counts) * math.sqrt(cfg.budget)
+    moment = count_posterior_mean(jnp.asarray(counts, jnp.float32), std, float(train.n_users), lambda n: n ** (-mu))
+    return np.asarray(moment, np.float64) ** (-1.0 / mu)
 
 
 class _RidgeItemUpdate:

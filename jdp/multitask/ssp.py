@@ -90,13 +90,20 @@ def inverse_count(n_hat: jax.Array, noise_std, n_max) -> jax.Array:
     against the count (noise_std ≤ 5% of n̂, or 0: an exact count) it is 1/max(n̂, 1). Where the noise is large the
     prior's mass at small counts dominates, so a count that came out high by noise does not pass for a large one:
     a ridge ∝ E[1/n] keeps shrinking what such a task releases (a plug-in 1/n̂ would not)."""
+    return count_posterior_mean(n_hat, noise_std, n_max, lambda n: 1.0 / n)
+
+
+def count_posterior_mean(n_hat: jax.Array, noise_std, n_max, f) -> jax.Array:
+    """E[f(n) | n̂] for counts observed as n̂ = n + N(0, noise_std²) under the public, scale-free prior p(n) ∝ 1/n on
+    [1, n_max] (`inverse_count`'s posterior; f elementwise, e.g. n ↦ 1/n or n ↦ n^(−μ)); f(max(n̂, 1)) where
+    noise_std ≤ 5% of n̂ (or 0: exact counts)."""
     n_hat = jnp.asarray(n_hat, jnp.float32)
-    plug_in = 1.0 / jnp.maximum(n_hat, 1.0)
+    plug_in = f(jnp.maximum(n_hat, 1.0))
 
     def posterior():
         grid = jnp.exp(jnp.linspace(0.0, jnp.log(jnp.maximum(n_max, 2.0)), INVERSE_COUNT_GRID))  # equal prior mass
         z = jnp.clip((n_hat[:, None] - grid[None, :]) / jnp.maximum(noise_std, 1e-30), -1e18, 1e18)  # z² finite
-        post = jax.nn.softmax(-0.5 * z**2, axis=1) @ (1.0 / grid)
+        post = jax.nn.softmax(-0.5 * z**2, axis=1) @ f(grid)
         return jnp.where(noise_std <= 0.05 * n_hat, plug_in, post)
 
     # exact counts (every non-private solve, and every user solve) skip the [tasks, grid] posterior entirely

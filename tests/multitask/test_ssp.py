@@ -212,3 +212,23 @@ def test_inverse_count_is_the_posterior_mean_of_one_over_the_count():
     np.testing.assert_allclose(exact, 1 / np.maximum(n_hat, 1.0), rtol=1e-6)
     # a large noise: the count 900 is no evidence of a large count
     assert float(inverse_count(jnp.asarray([900.0]), 1000.0, 5000.0)[0]) > 10 / 900
+
+
+def test_count_posterior_mean_of_a_power_against_numerical_integration():
+    """The same posterior for E[n^(−μ) | n̂] (the adaptive weights' ω = n^(−μ), μ = 1/4), against quadrature."""
+    from scipy import integrate
+
+    from jdp.multitask.ssp import count_posterior_mean
+
+    def reference(n_hat, std, n_max, mu):
+        like = lambda n: np.exp(-0.5 * ((n_hat - n) / std) ** 2) / n  # noqa: E731
+        pts = [max(1.0, min(n_max, n_hat))]
+        num = integrate.quad(lambda n: like(n) * n ** -mu, 1, n_max, limit=400, points=pts)[0]
+        return num / integrate.quad(like, 1, n_max, limit=400, points=pts)[0]
+
+    n_hat = np.array([-50.0, 3.0, 40.0, 120.0, 900.0], np.float32)
+    got = np.asarray(count_posterior_mean(jnp.asarray(n_hat), 65.0, 943.0, lambda n: n ** -0.25))
+    ref = np.array([n ** -0.25 if 65.0 <= 0.05 * n else reference(float(n), 65.0, 943.0, 0.25) for n in n_hat])
+    np.testing.assert_allclose(got, ref, rtol=0.01)
+    exact = np.asarray(count_posterior_mean(jnp.asarray(n_hat), 0.0, 943.0, lambda n: n ** -0.25))
+    np.testing.assert_allclose(exact, np.maximum(n_hat, 1.0) ** -0.25, rtol=1e-6)

@@ -654,34 +654,49 @@ def test_rank0_gram_is_released_once_and_every_step_reuses_it(ratings, method):
     assert not np.allclose(seen[0][:, 1], seen[-1][:, 1])
 
 
-def test_adaptive_weights_ignore_counts_released_only_for_step_caps(ratings):
-    """Counts too noisy to steer the weights (`counts_resolvable` false) but released for noisy GD's step caps leave
-    ada-dpsgd's weights at ω_i = 1, and its step caps use ω_i = 1 too (the caps bound w_ij by ω_i: weights and
-    caps must agree); resolvable counts steer both."""
+def test_noisy_gd_adaptive_weights_read_released_counts_through_their_posterior(ratings):
+    """ada-dpsgd may release counts for its step caps alone, at a noise far above the counts: its weights then read
+    the posterior effective counts (E[n^(−μ) | n̂])^(−1/μ) under the public prior (post-processing of the release,
+    pulled together where the noise is large), the plug-in n̂ where the noise is small; the step caps use the same
+    ω_i as the weights (they bound w_ij by ω_i)."""
     from jdp.altmin import model as altmin_model
-    seen = []
-    original = altmin_model.adaptive_weights
+    seen, released = [], []
+    original_weights, original_counts = altmin_model.adaptive_weights, altmin_model.private_counts
 
-    def spy(counts, *args, **kwargs):
-        seen.append(counts)
-        return original(counts, *args, **kwargs)
+    def spy_weights(counts, *args, **kwargs):
+        seen.append(None if counts is None else np.asarray(counts, np.float64))
+        return original_weights(counts, *args, **kwargs)
+
+    def spy_counts(*args, **kwargs):
+        out = original_counts(*args, **kwargs)
+        released.append(np.asarray(out.counts, np.float64))
+        return out
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(altmin_model, "adaptive_weights", spy)
-        for eps, resolvable in ((0.2, False), (200.0, True)):
+        mp.setattr(altmin_model, "adaptive_weights", spy_weights)
+        mp.setattr(altmin_model, "private_counts", spy_counts)
+        for eps in (0.2, 200.0):
             cfg = _cfg("ada-dpsgd", epsilon=eps, count_release=True)
             plan = plan_run(cfg, ratings.n_users, ratings.n_items)
-            assert altmin_model.counts_resolvable(plan.config, plan.noise, ratings.n_users, ratings.n_items) is resolvable
             model = fit(ratings, cfg, seed=0)
             assert "item counts" in [r.name for r in model.report.releases]
-            assert (seen[-1] is not None) is resolvable
-            weights = np.ones(ratings.nnz, np.float32)
+            raw, used = released[-1], seen[-1]
+            assert used is not None and np.all((used >= 1 - 1e-3) & (used <= ratings.n_users * (1 + 1e-3)))
+            std = plan.noise.counts * np.sqrt(plan.config.budget)
+            small = std <= 0.05 * raw
+            if eps == 200.0:
+                assert small.mean() > 0.5
+                np.testing.assert_allclose(used[small], raw[small], rtol=1e-3)  # plug-in where the noise is small
+            else:
+                assert not small.any()
+                assert np.std(np.log(used)) < 0.5 * np.std(np.log(raw))  # pulled together by the prior
             counts = np.full(ratings.n_items, 50.0, np.float32)
-            update = altmin_model._NoisyGDItemUpdate(ratings, weights, plan.config, plan.noise, {}, counts)
-            expected_omega = (altmin_model.adaptive_item_weights(counts, plan.config, ratings.n_users)
-                              if resolvable else None)
+            update = altmin_model._NoisyGDItemUpdate(ratings, np.ones(ratings.nnz, np.float32), plan.config,
+                                                     plan.noise, {}, counts)
+            omega = altmin_model.adaptive_item_weights(altmin_model._weight_counts(counts, plan.config, plan.noise,
+                                                                                   ratings), plan.config, ratings.n_users)
             np.testing.assert_allclose(update.task_lr, altmin_model.item_step_sizes(
-                plan.config, plan.noise, counts, ratings.n_users, ratings.n_items, expected_omega))
+                plan.config, plan.noise, counts, ratings.n_users, ratings.n_items, omega))
 
 
 def test_rank0_item_update_refuses_a_changed_gram(ratings):
