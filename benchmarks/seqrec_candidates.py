@@ -90,7 +90,7 @@ def main(argv=None) -> None:
         TR.user_sequences(data.train_input, data.train_target), M), HIST_NOISE)
     counts[0] = 0.0
     cand, remap = candidate_data(data, counts, K, tuple(release.releases))
-    # Re-Attention's counts / the frozen-row machinery read the same release (post-processing)
+    # DPFormer's Re-Attention reads the same release (post-processing); the "other" token gets the rest's sum
     public = np.zeros(K + 2)
     is_cand = (remap >= 1) & (remap <= K)
     public[remap[is_cand]] = np.maximum(counts[is_cand], 0.0)
