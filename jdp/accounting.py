@@ -201,8 +201,49 @@ class _DroppedOrders(logging.Filter):
         return True
 
 
+# ε of events already accounted in this process: a report is printed and saved, a run's last epoch states
+# what its report states, a calibration re-checks its root; dp_accounting's RDP of a Poisson-subsampled
+# Gaussian costs ~0.1 s per event. The key is the event's full repr (every field, floats round-trip exactly).
+_ACCOUNTED: dict[tuple, tuple[float, int]] = {}
+_ACCOUNTED_MAX = 4096
+
+
+def _canonical(event: dpe.DpEvent) -> dpe.DpEvent:
+    """The same mechanism in one spelling: nested compositions flattened, SelfComposed(SelfComposed(e, a), b)
+    as SelfComposed(e, a·b), single-event compositions unwrapped (so a report and a run's last epoch, built
+    differently, share one accounting)."""
+    if isinstance(event, dpe.ComposedDpEvent):
+        parts = []
+        for e in map(_canonical, event.events):
+            parts.extend(e.events if isinstance(e, dpe.ComposedDpEvent) else [e])
+        return parts[0] if len(parts) == 1 else dpe.ComposedDpEvent(parts)
+    if isinstance(event, dpe.SelfComposedDpEvent):
+        inner, count = _canonical(event.event), int(event.count)
+        if isinstance(inner, dpe.SelfComposedDpEvent):
+            inner, count = inner.event, int(inner.count) * count
+        return inner if count == 1 else dpe.SelfComposedDpEvent(inner, count)
+    return event
+
+
 def _accounted_epsilon(event: dpe.DpEvent, delta: float, accountant: str, orders: Sequence[float],
                        relation: Relation = ADD_OR_REMOVE_ONE) -> float:
+    event = _canonical(event)
+    key = (repr(event), float(delta), accountant, tuple(float(o) for o in orders), relation.name)
+    if key not in _ACCOUNTED:
+        if len(_ACCOUNTED) >= _ACCOUNTED_MAX:
+            _ACCOUNTED.clear()
+        _ACCOUNTED[key] = _account(event, delta, accountant, orders, relation)
+    eps, dropped = _ACCOUNTED[key]
+    if dropped:
+        warnings.warn("dp_accounting's RDP accountant excluded some orders whose computation did not "
+                      "converge; epsilon is the minimum over the remaining orders (still a valid bound)",
+                      RuntimeWarning, stacklevel=2)
+    return eps
+
+
+def _account(event: dpe.DpEvent, delta: float, accountant: str, orders: Sequence[float],
+             relation: Relation) -> tuple[float, int]:
+    """(ε at δ, the number of orders dp_accounting dropped) of one event, by a fresh accountant."""
     event = _expand_pure(event)
     acc = make_accountant(event, accountant, orders, relation=relation)
     if not acc.supports(event):
@@ -217,11 +258,7 @@ def _accounted_epsilon(event: dpe.DpEvent, delta: float, accountant: str, orders
         eps = float(acc.get_epsilon(delta))
     finally:
         absl_logger.removeFilter(dropped)
-    if dropped.count:
-        warnings.warn("dp_accounting's RDP accountant excluded some orders whose computation did not "
-                      "converge; epsilon is the minimum over the remaining orders (still a valid bound)",
-                      RuntimeWarning, stacklevel=2)
-    return eps
+    return eps, dropped.count
 
 
 def calibrate(make_event: Callable[[float], dpe.DpEvent], epsilon: float, delta: float,

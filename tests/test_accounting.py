@@ -98,3 +98,28 @@ def test_rdp_orders_that_fail_to_converge_are_summarised_not_logged_per_order(ca
     assert 1.0 < sigma < 3.0
     assert not [r for r in caplog.records if "failed to converge" in r.getMessage()]
     assert any("excluded some orders" in str(w.message) for w in caught)
+
+
+def test_equivalent_spellings_share_one_accounting_and_fresh_values(monkeypatch):
+    # SelfComposed(SelfComposed(e, 4), 3), a one-event composition and nested compositions are the same
+    # mechanism as their flat spelling: one accountant run serves all, with the value a fresh run gives
+    g, sc = dp_accounting.GaussianDpEvent, dp_accounting.SelfComposedDpEvent
+    step = dp_accounting.PoissonSampledDpEvent(0.01, g(1.1))
+    flat = dp_accounting.ComposedDpEvent([g(7.0), sc(step, 12)])
+    nested = dp_accounting.ComposedDpEvent([dp_accounting.ComposedDpEvent([g(7.0)]),
+                                            sc(sc(dp_accounting.ComposedDpEvent([step]), 4), 3)])
+    monkeypatch.setattr(acc, "_ACCOUNTED", {})
+    runs = []
+    account = acc._account
+    monkeypatch.setattr(acc, "_account", lambda *a: runs.append(a[0]) or account(*a))
+    eps = acc.compute_epsilon(flat, 1e-5)
+    assert acc.compute_epsilon(nested, 1e-5) == eps and len(runs) == 1
+    # the same event at another δ, other orders or another accountant is accounted again
+    assert acc.compute_epsilon(flat, 1e-6) > eps
+    assert acc.compute_epsilon(flat, 1e-5, orders=acc.REFERENCE_RDP_ORDERS) >= eps
+    assert 0 < acc.compute_epsilon(flat, 1e-5, accountant="pld") < eps  # PLD: tighter than RDP here
+    assert len(runs) == 4
+    # and a fresh accountant, composing the nested spelling as given, agrees
+    fresh = dp_accounting.rdp.RdpAccountant(list(acc.DEFAULT_RDP_ORDERS))
+    fresh.compose(nested)
+    assert fresh.get_epsilon(1e-5) == pytest.approx(eps, rel=1e-12)
