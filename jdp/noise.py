@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import secrets
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -55,13 +56,27 @@ def add_gaussian_tree(key: jax.Array, tree, std: float | jax.Array):
     out = list(leaves)
     for i, dtype in enumerate(dict.fromkeys(jnp.result_type(x) for x in leaves)):
         group = [j for j, x in enumerate(leaves) if jnp.result_type(x) == dtype]
-        z = jax.random.normal(jax.random.fold_in(key, i), (sum(int(np.size(leaves[j])) for j in group),), dtype)
+        n = sum(int(np.size(leaves[j])) for j in group)
+        z = _materialized(lambda k: jax.random.normal(k, (n,), dtype), jax.random.fold_in(key, i))
         offset = 0
         for j in group:
             x = leaves[j]
             out[j] = x + std * z[offset:offset + np.size(x)].reshape(np.shape(x))
             offset += int(np.size(x))
     return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def _materialized(draw: Callable[[jax.Array], jax.Array], key: jax.Array) -> jax.Array:
+    """draw(key) computed once into a buffer of its own. On CPU, XLA otherwise copies the normal sampler's
+    inverse-erf tail into every leaf's fusion that slices the draw: 2.1-2.5 s instead of 1.4-1.5 s to compile
+    noise + AdamW for a 36-leaf Transformer, run time within 0.4 ms. A conditional is a fusion boundary;
+    its predicate is a bit of the key (data the compiler cannot fold) and BOTH branches are the same draw, so
+    the value never depends on it. Elsewhere (GPU: a conditional may read its predicate on the host) the draw
+    is inlined as before."""
+    if jax.default_backend() != "cpu":
+        return draw(key)
+    bits = jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
+    return jax.lax.cond(jnp.ravel(bits)[-1] % 2 == 0, draw, draw, key)
 
 
 def symmetric_gaussian(key: jax.Array, batch_shape: tuple[int, ...], d: int, std: float | jax.Array,

@@ -34,6 +34,22 @@ def test_add_gaussian_tree_every_entry_independent_with_stated_std_and_dtype():
     assert noise.add_gaussian_tree(keys[0], {}, 1.0) == {}
 
 
+def test_add_gaussian_tree_is_the_one_sliced_draw_under_jit_for_every_key():
+    # the draw is materialised behind a conditional on a key bit (a fusion boundary on CPU): whichever
+    # branch a key takes, typed or raw, eager or jitted, the noise is the plain draw of fold_in(key, 0)
+    tree = {"a": jnp.zeros((3, 4)), "b": jnp.zeros(5)}
+    jitted = jax.jit(noise.add_gaussian_tree, static_argnums=2)
+    parities = set()
+    for seed in range(6):
+        for key in (jax.random.key(seed), jax.random.PRNGKey(seed)):
+            parities.add(int(np.ravel(jax.random.key_data(key))[-1]) % 2)
+            plain = 2.0 * jax.random.normal(jax.random.fold_in(key, 0), (17,))
+            for out in (noise.add_gaussian_tree(key, tree, 2.0), jitted(key, tree, 2.0)):
+                got = jnp.concatenate([out["a"].ravel(), out["b"]])
+                assert np.array_equal(np.asarray(got), np.asarray(plain))
+    assert parities == {0, 1}
+
+
 def test_clip_by_norm_and_psd_project():
     x = jnp.array([[3.0, 4.0], [0.3, 0.4]])
     assert np.allclose(noise.clip_by_norm(x, 1.0), [[0.6, 0.8], [0.3, 0.4]])
