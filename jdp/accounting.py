@@ -279,12 +279,9 @@ def calibrate(make_event: Callable[[float], dpe.DpEvent], epsilon: float, delta:
     lo, hi = bracket
     if not (0 < lo < hi and math.isfinite(hi)):
         raise ValueError(f"bracket must satisfy 0 < lo < hi < inf, got {bracket!r}")
-    memo: dict[float, float] = {}
 
-    def spends(param: float) -> float:
-        if param not in memo:
-            memo[param] = compute_epsilon(make_event(param), delta, accountant, orders, relation)
-        return memo[param]
+    def spends(param: float) -> float:  # a parameter seen before is not accounted again (`_accounted_epsilon`)
+        return compute_epsilon(make_event(param), delta, accountant, orders, relation)
 
     log_lo, log_hi = math.log(lo), math.log(hi)
     xtol = 1e-6 if tol is None else max(float(tol) / hi, 1e-12)
