@@ -25,7 +25,9 @@ import math
 import warnings
 from typing import Callable, Sequence
 
+import attr
 import dp_accounting
+import numpy as np
 import scipy.optimize
 from dp_accounting import dp_event as dpe
 from dp_accounting.pld import pld_privacy_accountant
@@ -203,9 +205,30 @@ class _DroppedOrders(logging.Filter):
 
 # ε of events already accounted in this process: a report is printed and saved, a run's last epoch states
 # what its report states, a calibration re-checks its root; dp_accounting's RDP of a Poisson-subsampled
-# Gaussian costs ~0.1 s per event. The key is the event's full repr (every field, floats round-trip exactly).
+# Gaussian costs ~0.1 s per event. The key holds every field's exact bytes (not the repr: numpy prints an
+# array's floats to 8 digits and elides long arrays, so two different events could share a repr).
 _ACCOUNTED: dict[tuple, tuple[float, int]] = {}
 _ACCOUNTED_MAX = 4096
+
+
+def _event_key(value):
+    """An exact, hashable key of an event (classes, field names, each number's dtype and bytes), or None for a
+    field of a kind it cannot key exactly (such an event is accounted afresh every time)."""
+    if attr.has(type(value)):
+        parts = tuple((f.name, _event_key(getattr(value, f.name))) for f in attr.fields(type(value)))
+        return None if any(k is None for _, k in parts) else (type(value).__qualname__, parts)
+    if isinstance(value, (list, tuple)):
+        parts = tuple(map(_event_key, value))
+        return None if any(k is None for k in parts) else ("seq", parts)
+    if value is None or isinstance(value, str):
+        return ("v", value)
+    try:
+        array = np.asarray(value)
+    except Exception:  # noqa: BLE001 - anything numpy cannot read is simply not memoised
+        return None
+    if array.dtype.kind not in "biuf":
+        return None
+    return ("a", array.dtype.str, array.shape, array.tobytes())
 
 
 def _canonical(event: dpe.DpEvent) -> dpe.DpEvent:
@@ -228,16 +251,23 @@ def _canonical(event: dpe.DpEvent) -> dpe.DpEvent:
 def _accounted_epsilon(event: dpe.DpEvent, delta: float, accountant: str, orders: Sequence[float],
                        relation: Relation = ADD_OR_REMOVE_ONE) -> float:
     event = _canonical(event)
-    key = (repr(event), float(delta), accountant, tuple(float(o) for o in orders), relation.name)
+    event_key = _event_key(event)
+    if event_key is None:
+        eps, dropped = _account(event, delta, accountant, orders, relation)
+        return _warn_dropped(eps, dropped)
+    key = (event_key, float(delta), accountant, tuple(float(o) for o in orders), relation.name)
     if key not in _ACCOUNTED:
         if len(_ACCOUNTED) >= _ACCOUNTED_MAX:
             _ACCOUNTED.clear()
         _ACCOUNTED[key] = _account(event, delta, accountant, orders, relation)
-    eps, dropped = _ACCOUNTED[key]
+    return _warn_dropped(*_ACCOUNTED[key])
+
+
+def _warn_dropped(eps: float, dropped: int) -> float:
     if dropped:
         warnings.warn("dp_accounting's RDP accountant excluded some orders whose computation did not "
                       "converge; epsilon is the minimum over the remaining orders (still a valid bound)",
-                      RuntimeWarning, stacklevel=2)
+                      RuntimeWarning, stacklevel=3)
     return eps
 
 
