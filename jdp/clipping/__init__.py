@@ -6,10 +6,11 @@ embeddings, exact cross-site terms, book-keeping) and an exact vmap fallback for
 `dp_sgd(...)` wraps it into DP-SGD with Poisson sampling, an optax noise transformation and a
 PrivacyReport from dp_accounting.
 """
-from jdp.clipping.dp_sgd import (DPSGD, DPSGDState, calibrate_noise_multiplier, default_max_batch_size,
-                                 dp_aggregate, dp_sgd, dp_sgd_event, poisson_indices, poisson_sample)
+from jdp.clipping.dp_sgd import (DPSGD, DPSGDState, calibrate_noise_multiplier, clipped_accumulate,
+                                 default_max_batch_size, dp_aggregate, dp_sgd, dp_sgd_event, poisson_indices,
+                                 poisson_sample)
 from jdp.clipping.engine import METHODS, ClippedGrad, clipped_grad, explain, per_example_grads_reference
 
-__all__ = ["METHODS", "ClippedGrad", "DPSGD", "DPSGDState", "calibrate_noise_multiplier", "clipped_grad",
-           "default_max_batch_size", "dp_aggregate", "dp_sgd", "dp_sgd_event", "explain",
+__all__ = ["METHODS", "ClippedGrad", "DPSGD", "DPSGDState", "calibrate_noise_multiplier", "clipped_accumulate",
+           "clipped_grad", "default_max_batch_size", "dp_aggregate", "dp_sgd", "dp_sgd_event", "explain",
            "per_example_grads_reference", "poisson_indices", "poisson_sample"]

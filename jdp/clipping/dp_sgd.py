@@ -191,22 +191,13 @@ class DPSGD:
         return poisson_indices(key, self.num_examples, self.sampling_rate)
 
     def _clipped(self, params: Any, batch: Any, mask: jax.Array, aux: Any = None):
-        cg = clipped_grad(self.loss_fn, params, batch, l2_clip=self.l2_clip, mask=mask,
-                          method=self.method, normalize=self.normalize, aux=aux, batch_chunk=self.batch_chunk)
-        keep = jnp.asarray(mask) != 0
-        # `where`, not `* mask`: a padding row's NaN loss must not reach the metrics (0 * NaN = NaN)
-        sums = {"loss_sum": jnp.sum(jnp.where(keep, cg.loss, 0.0)), "count": jnp.sum(keep),
-                "num_clipped": jnp.sum(keep & (cg.norms > self.l2_clip)), "num_nonfinite": cg.num_nonfinite}
-        return cg.grad_sum, sums
+        return _clipped_sums(self.loss_fn, self.l2_clip, self.method, self.normalize, self.batch_chunk,
+                             params, batch, mask, aux)
 
     def _apply(self, state: DPSGDState, grad_sum: Any) -> DPSGDState:
         tx = self.transform(jax.random.PRNGKey(0))  # the noise key lives in opt_state
         updates, opt_state = tx.update(grad_sum, state.opt_state, state.params)
         return DPSGDState(optax.apply_updates(state.params, updates), opt_state, state.step + 1)
-
-    def _accumulate(self, params: Any, grad_sum: Any, batch: Any, mask: jax.Array, aux: Any = None):
-        g, sums = self._clipped(params, batch, mask, aux)
-        return jax.tree.map(jnp.add, grad_sum, g), sums
 
     def _step(self, state: DPSGDState, batch: Any, mask: jax.Array, aux: Any = None):
         g, sums = self._clipped(state.params, batch, mask, aux)
@@ -230,8 +221,9 @@ class DPSGD:
         batch, sums {loss_sum, count, num_clipped, num_nonfinite}): one physical chunk of a step whose
         Poisson sample (`sample_indices`) is processed in several chunks, each row of the sample in exactly
         one chunk (chunks may have different shapes). Start from zeros like params; finish with `apply`.
-        The sums are private diagnostics."""
-        return _jitted(self, "_accumulate")
+        The sums are private diagnostics. The same function as `clipped_accumulate` of these clipping settings
+        (it does not read the noise)."""
+        return clipped_accumulate(self.loss_fn, self.l2_clip, self.method, self.normalize, self.batch_chunk)
 
     @property
     def apply(self) -> Callable:
@@ -268,6 +260,32 @@ _keep_jit = jax.jit(poisson_keep, static_argnums=(1, 2))
 @functools.lru_cache(maxsize=32)  # keyed on the frozen config's value: equal configs share one compiled step
 def _jitted(cfg: DPSGD, name: str):
     return jax.jit(getattr(cfg, name))
+
+
+def _clipped_sums(loss_fn, l2_clip, method, normalize, batch_chunk, params, batch, mask, aux):
+    cg = clipped_grad(loss_fn, params, batch, l2_clip=l2_clip, mask=mask, method=method, normalize=normalize,
+                      aux=aux, batch_chunk=batch_chunk)
+    keep = jnp.asarray(mask) != 0
+    # `where`, not `* mask`: a padding row's NaN loss must not reach the metrics (0 * NaN = NaN)
+    sums = {"loss_sum": jnp.sum(jnp.where(keep, cg.loss, 0.0)), "count": jnp.sum(keep),
+            "num_clipped": jnp.sum(keep & (cg.norms > l2_clip)), "num_nonfinite": cg.num_nonfinite}
+    return cg.grad_sum, sums
+
+
+def clipped_accumulate(loss_fn: Callable, l2_clip: float, method: str = "auto", normalize: bool = False,
+                       batch_chunk: int | str | None = "auto") -> Callable:
+    """`DPSGD.accumulate` for these clipping settings (the same jitted function: equal settings share it):
+    accumulate(params, grad_sum, batch, mask, aux=None) -> (grad_sum + Σ clipped grads, sums). Its program
+    does not read the noise multiplier, so a caller can compile it while σ is still being calibrated."""
+    return _clipped_accumulate(loss_fn, float(l2_clip), method, bool(normalize), batch_chunk)
+
+
+@functools.lru_cache(maxsize=32)
+def _clipped_accumulate(loss_fn, l2_clip, method, normalize, batch_chunk):
+    def accumulate(params, grad_sum, batch, mask, aux=None):
+        g, sums = _clipped_sums(loss_fn, l2_clip, method, normalize, batch_chunk, params, batch, mask, aux)
+        return jax.tree.map(jnp.add, grad_sum, g), sums
+    return jax.jit(accumulate)
 
 
 def dp_sgd(loss_fn: Callable, optimizer: optax.GradientTransformation, *, num_examples: int,
@@ -310,5 +328,5 @@ def dp_sgd(loss_fn: Callable, optimizer: optax.GradientTransformation, *, num_ex
                  method, bool(normalize), accountant, unit, batch_chunk)
 
 
-__all__ = ["DPAggregateState", "DPSGD", "DPSGDState", "calibrate_noise_multiplier", "default_max_batch_size",
-           "dp_aggregate", "dp_sgd", "dp_sgd_event", "poisson_indices", "poisson_keep", "poisson_sample"]
+__all__ = ["DPAggregateState", "DPSGD", "DPSGDState", "calibrate_noise_multiplier", "clipped_accumulate",
+           "default_max_batch_size", "dp_aggregate", "dp_sgd", "dp_sgd_event", "poisson_indices", "poisson_keep", "poisson_sample"]

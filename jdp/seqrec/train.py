@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from jdp import accounting
 from jdp.clipping import METHODS as CLIPPING_METHODS
-from jdp.clipping.dp_sgd import dp_sgd, dp_sgd_event, poisson_indices
+from jdp.clipping.dp_sgd import clipped_accumulate, dp_sgd, dp_sgd_event, poisson_indices
 from jdp.clipping.engine import check_batch_chunk, split_into_chunks
 from jdp.seqrec import reattention as ra
 from jdp.seqrec.data import SeqData, item_presence
@@ -371,12 +371,20 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     k_init, k_hist, k_train = jax.random.split(key, 3)
 
     # compilations off the critical path: XLA releases the GIL while it compiles, so on a first run the
-    # calibration overlaps the initialisation's compilation, and the update's and the evaluation's compilations
-    # overlap the first step's (`_precompile`)
-    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jdp-compile")
+    # calibration and the initialisation's compilation overlap the first step's clipped accumulation (its program
+    # does not read σ), and the update's and the evaluation's compilations overlap the first step (`_precompile`)
+    pool = concurrent.futures.ThreadPoolExecutor(3, thread_name_prefix="jdp-compile")
     setup = pool.submit(privacy_setup, data, cfg, k_hist, public_item_counts)
-    params = jax.jit(model.init)(k_init, jnp.zeros((1, L), jnp.int32))
+    init = pool.submit(jax.jit(model.init), k_init, jnp.zeros((1, L), jnp.int32))
+    k_noise, k_sample, k_dropout = jax.random.split(k_train, 3)
+    windows = np.array(sorted({int(b) for b in cfg.length_buckets if 0 < b < L} | {L}))
+    loss_fn = make_loss_fn(model)  # reatt: an input of the step (`aux`), not a constant
+    first_step_ready = None
+    if private and not cfg.negatives and not (checkpoint is not None and pathlib.Path(checkpoint).exists()):
+        first_step_ready = pool.submit(_precompile_first_step, data, cfg, model, loss_fn, k_init, N, q, windows,
+                                       k_sample, k_dropout)
     report, sigma, counts_rel = setup.result()
+    params = init.result()
     reatt = None
     if cfg.model == "dpformer":
         if counts_rel is None:  # non-private reference: zero noise -> Re-Attention is the identity
@@ -403,8 +411,8 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     opt = optax.adamw(lr_schedule(cfg.lr, steps, cfg.warmup_frac), weight_decay=cfg.weight_decay)
     if frozen is not None:
         opt = optax.chain(opt, freeze_item_rows(frozen))
-    loss_fn = make_loss_fn(model, log_q=log_q)  # reatt: an input of the step (`aux`), not a constant
-    k_noise, k_sample, k_dropout = jax.random.split(k_train, 3)
+    if log_q is not None:
+        loss_fn = make_loss_fn(model, log_q=log_q)
     if jnp.issubdtype(k_noise.dtype, jax.dtypes.prng_key):
         k_noise = jax.random.key_data(k_noise)  # raw key bits: the noise key is checkpointed in opt_state
     if private:
@@ -438,12 +446,13 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     # evaluation is one forward per user: the powers of two among the windows cost little extra compute
     # and save most compilations (each window x chunk size is one; they dominate evaluation on a GPU)
     eval_windows = tuple(int(w) for w in cfg.length_buckets if int(w) > 0 and int(w) & (int(w) - 1) == 0)
-    windows = np.array(sorted({int(b) for b in cfg.length_buckets if 0 < b < L} | {L}))
     apply_ready = pool.submit(_precompile, apply, state, zero)
-    for shape in evaluation_shapes([data.valid_input] + ([data.test_input] if evaluate_test else []),
-                                   [data.valid_target] + ([data.test_target] if evaluate_test else []),
-                                   cfg.eval_chunk, eval_windows):
-        pool.submit(_precompile, rank_fn, params, *shape)
+    eval_shapes = evaluation_shapes([data.valid_input] + ([data.test_input] if evaluate_test else []),
+                                    [data.valid_target] + ([data.test_target] if evaluate_test else []),
+                                    cfg.eval_chunk, eval_windows)
+    if first_step_ready is None:  # else once the first step is compiled (two cores: it comes first)
+        for shape in eval_shapes:
+            pool.submit(_precompile, rank_fn, params, *shape)
     n_data = data.n_users
     eval_every = max(1, int(round(cfg.eval_every_epochs * per_epoch))) if cfg.eval_every_epochs > 0 else 0
     t_train, epoch_loss, epoch_count = 0.0, 0.0, 0
@@ -460,6 +469,11 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
         negs = (jnp.asarray(sample_negatives(jax.random.fold_in(k_neg, step), M, cfg.negatives, neg_probs))
                 if cfg.negatives else None)
         chunks = step_batches(data, idx, windows, cfg.chunk_rows, kd, negs)
+        if first_step_ready is not None:  # calling `accumulate` while it compiles would compile it twice
+            first_step_ready.result()
+            first_step_ready = None
+            for shape in eval_shapes:
+                pool.submit(_precompile, rank_fn, params, *shape)
         new = {(w, int(mask.size)) for w, _, mask in chunks} - shapes_seen
         shapes_seen |= new
         step_new_shapes.append(len(new))
@@ -528,6 +542,24 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
                "s_per_step": t_train / max(1, stop - start), "step_s": step_s, "step_new_shapes": step_new_shapes,
                "complete": steps_done == steps}
     return TrainResult(params, metrics, report, float(sigma), steps, history, timings, reatt, counts_rel, baselines)
+
+
+def _precompile_first_step(data, cfg, model, loss_fn, k_init, N, q, windows, k_sample, k_dropout) -> None:
+    """Compiles the clipped accumulation of the first step's chunk shapes (the sample is Poisson at rate q, known
+    before σ) on abstract parameters: the same jitted function `dp_sgd(...).accumulate` returns later."""
+    L, M = data.maxlen, data.n_items
+    params = jax.eval_shape(model.init, k_init, jnp.zeros((1, L), jnp.int32))
+    aux = ({"w_var": jax.ShapeDtypeStruct((), jnp.float32), "emb_var": jax.ShapeDtypeStruct((M + 1,), jnp.float32)}
+           if cfg.model == "dpformer" else None)
+    accumulate = clipped_accumulate(loss_fn, float(cfg.l2_clip), cfg.clipping, bool(cfg.normalize), cfg.batch_chunk)
+    idx = poisson_indices(jax.random.fold_in(k_sample, 0), N, q)
+    idx = idx[idx < data.n_users]
+    shapes = {}
+    for _, batch, mask in step_batches(data, idx, windows, cfg.chunk_rows, jax.random.fold_in(k_dropout, 0)):
+        spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), (batch, mask))
+        shapes[(batch["input"].shape, mask.shape)] = spec
+    for batch, mask in shapes.values():
+        _precompile(accumulate, params, params, batch, mask, aux)
 
 
 def _precompile(fn, *args) -> None:

@@ -322,3 +322,27 @@ def test_frozen_item_rows_keep_the_top_counts_and_never_move():
     emb = np.asarray(new["params"]["item_embed"]["embedding"])
     assert np.all(emb[frozen] == 0.0) and np.all(emb[~frozen] != 1.0)
     assert np.all(np.asarray(new["params"]["dense"]["kernel"]) != 1.0)
+
+
+def test_first_step_compiles_while_sigma_is_calibrated_and_only_once(caplog):
+    # the first step's clipped accumulation is compiled on abstract parameters beside the calibration; the run
+    # then calls the very same jitted function (it does not read σ), so no chunk shape compiles twice
+    d = _toy()
+    cfg = train.TrainConfig(model="dpformer", epsilon=4.0, epochs=1.0, batch_size=16, chunk_rows=256,
+                            d=8, blocks=1, dropout=0.1, lr=1e-2, eval_chunk=32, length_buckets=())
+    jax.config.update("jax_log_compiles", True)  # process-wide: the context manager is thread-local
+    try:
+        with caplog.at_level(logging.WARNING):
+            r = train.train(d, cfg, jax.random.key(3), progress=False, evaluate_test=False)
+    finally:
+        jax.config.update("jax_log_compiles", False)
+    compiled = [m for m in caplog.messages if m.startswith("Compiling jit(accumulate)")]
+    assert len(compiled) == sum(r.timings["step_new_shapes"]) >= 1  # one compilation per chunk shape
+    assert r.timings["complete"]
+    # one function for every σ: DPSGD.accumulate is clipped_accumulate of its clipping settings
+    loss = models.make_loss_fn(models.make_model("transformer", d.n_items, d.maxlen, 8, 1, 1, 0.0))
+    kw = dict(num_examples=48, batch_size=16, l2_clip=1.0, delta=1e-5, steps=3)
+    a = jc.dp_sgd(loss, optax.adam(1e-3), noise_multiplier=0.7, **kw)
+    b = jc.dp_sgd(loss, optax.adam(1e-3), noise_multiplier=1.9, **kw)
+    assert a.accumulate is b.accumulate is jc.clipped_accumulate(loss, 1.0)
+    assert a.apply is not b.apply  # the noisy update does read σ
