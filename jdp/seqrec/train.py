@@ -374,24 +374,18 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     # calibration and the initialisation's compilation overlap the first step's clipped accumulation (its program
     # does not read σ), and the update's and the evaluation's compilations overlap the first step (`_precompile`)
     pool = concurrent.futures.ThreadPoolExecutor(3, thread_name_prefix="jdp-compile")
-    setup = pool.submit(privacy_setup, data, cfg, k_hist, public_item_counts)
     init = pool.submit(jax.jit(model.init), k_init, jnp.zeros((1, L), jnp.int32))
     k_noise, k_sample, k_dropout = jax.random.split(k_train, 3)
     windows = np.array(sorted({int(b) for b in cfg.length_buckets if 0 < b < L} | {L}))
     loss_fn = make_loss_fn(model)  # reatt: an input of the step (`aux`), not a constant
     first_step_ready = None
     if private and not cfg.negatives and not (checkpoint is not None and pathlib.Path(checkpoint).exists()):
-        first_step_ready = pool.submit(_precompile_first_step, data, cfg, model, loss_fn, k_init, N, q, windows,
-                                       k_sample, k_dropout)
+        # traced here, before the calibration starts: both are Python and would take turns on the GIL
+        lowered = _lower_first_step(data, cfg, model, loss_fn, k_init, N, q, windows, k_sample, k_dropout)
+        first_step_ready = pool.submit(lambda: [program.compile() for program in lowered])
+    setup = pool.submit(privacy_setup, data, cfg, k_hist, public_item_counts)
     report, sigma, counts_rel = setup.result()
     params = init.result()
-    reatt = None
-    if cfg.model == "dpformer":
-        if counts_rel is None:  # non-private reference: zero noise -> Re-Attention is the identity
-            counts_rel = np.ones(M + 1)
-        w_var, emb_var = ra.effective_variances(sigma, cfg.l2_clip, cfg.batch_size, q, counts_rel, cfg.error_scale)
-        reatt = {"w_var": jnp.float32(w_var), "emb_var": jnp.asarray(emb_var)}
-
     frozen = None
     if cfg.trainable_items:  # post-processing of public / released counts (exact only in a NON-PRIVATE run)
         counts = (counts_rel if private else public_item_counts if public_item_counts is not None
@@ -419,10 +413,20 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
         dp = dp_sgd(loss_fn, opt, num_examples=N, batch_size=cfg.batch_size, l2_clip=cfg.l2_clip, delta=cfg.delta,
                     steps=steps, noise_multiplier=sigma, method=cfg.clipping, normalize=cfg.normalize, unit="user",
                     batch_chunk=cfg.batch_chunk)
-        state = dp.init(params, k_noise)
         accumulate, apply = dp.accumulate, dp.apply
+        # the noisy update compiles as soon as σ is known, beside the state's allocation and the steps below
+        state_shape = jax.eval_shape(dp.init, params, k_noise)
+        apply_ready = pool.submit(_precompile, apply, state_shape, state_shape.params)
+        state = dp.init(params, k_noise)
     else:  # NON-PRIVATE reference: plain gradient sums, the same sampling, schedule and optimiser
         state, accumulate, apply = _nonprivate_step(loss_fn, opt, params, cfg.batch_size, cfg.batch_chunk)
+        apply_ready = pool.submit(_precompile, apply, state, state.params)
+    reatt = None
+    if cfg.model == "dpformer":
+        if counts_rel is None:  # non-private reference: zero noise -> Re-Attention is the identity
+            counts_rel = np.ones(M + 1)
+        w_var, emb_var = ra.effective_variances(sigma, cfg.l2_clip, cfg.batch_size, q, counts_rel, cfg.error_scale)
+        reatt = {"w_var": jnp.float32(w_var), "emb_var": jnp.asarray(emb_var)}
     # every release before training (histogram, vocabulary): privacy_setup appends the DP-SGD steps last
     fixed_events = [r.composed_event() for r in report.releases[:-1]] if private else []
 
@@ -446,7 +450,6 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     # evaluation is one forward per user: the powers of two among the windows cost little extra compute
     # and save most compilations (each window x chunk size is one; they dominate evaluation on a GPU)
     eval_windows = tuple(int(w) for w in cfg.length_buckets if int(w) > 0 and int(w) & (int(w) - 1) == 0)
-    apply_ready = pool.submit(_precompile, apply, state, zero)
     eval_shapes = evaluation_shapes([data.valid_input] + ([data.test_input] if evaluate_test else []),
                                     [data.valid_target] + ([data.test_target] if evaluate_test else []),
                                     cfg.eval_chunk, eval_windows)
@@ -544,9 +547,10 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     return TrainResult(params, metrics, report, float(sigma), steps, history, timings, reatt, counts_rel, baselines)
 
 
-def _precompile_first_step(data, cfg, model, loss_fn, k_init, N, q, windows, k_sample, k_dropout) -> None:
-    """Compiles the clipped accumulation of the first step's chunk shapes (the sample is Poisson at rate q, known
-    before σ) on abstract parameters: the same jitted function `dp_sgd(...).accumulate` returns later."""
+def _lower_first_step(data, cfg, model, loss_fn, k_init, N, q, windows, k_sample, k_dropout) -> list:
+    """The clipped accumulation of the first step's chunk shapes (the sample is Poisson at rate q, known before σ),
+    traced and lowered on abstract parameters: the same jitted function `dp_sgd(...).accumulate` returns later, so
+    compiling these fills its cache."""
     L, M = data.maxlen, data.n_items
     params = jax.eval_shape(model.init, k_init, jnp.zeros((1, L), jnp.int32))
     aux = ({"w_var": jax.ShapeDtypeStruct((), jnp.float32), "emb_var": jax.ShapeDtypeStruct((M + 1,), jnp.float32)}
@@ -558,8 +562,7 @@ def _precompile_first_step(data, cfg, model, loss_fn, k_init, N, q, windows, k_s
     for _, batch, mask in step_batches(data, idx, windows, cfg.chunk_rows, jax.random.fold_in(k_dropout, 0)):
         spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), (batch, mask))
         shapes[(batch["input"].shape, mask.shape)] = spec
-    for batch, mask in shapes.values():
-        _precompile(accumulate, params, params, batch, mask, aux)
+    return [accumulate.lower(params, params, batch, mask, aux) for batch, mask in shapes.values()]
 
 
 def _precompile(fn, *args) -> None:

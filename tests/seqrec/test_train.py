@@ -338,6 +338,7 @@ def test_first_step_compiles_while_sigma_is_calibrated_and_only_once(caplog):
         jax.config.update("jax_log_compiles", False)
     compiled = [m for m in caplog.messages if m.startswith("Compiling jit(accumulate)")]
     assert len(compiled) == sum(r.timings["step_new_shapes"]) >= 1  # one compilation per chunk shape
+    assert sum(m.startswith("Compiling jit(_apply)") for m in caplog.messages) == 1  # precompiled on shapes
     assert r.timings["complete"]
     # one function for every σ: DPSGD.accumulate is clipped_accumulate of its clipping settings
     loss = models.make_loss_fn(models.make_model("transformer", d.n_items, d.maxlen, 8, 1, 1, 0.0))
