@@ -1,9 +1,12 @@
 """Audit item 5: `calibrate` and `compute_epsilon` must agree for every event type jdp builds."""
 import math
 
+import numpy as np
 import pytest
 from dp_accounting import dp_event as dpe
+from dp_accounting import rdp
 
+from jdp import accounting as acc
 from jdp.accounting import calibrate, compute_epsilon, gaussian_event, pure_dp_event
 
 DELTA = 1e-5
@@ -155,3 +158,20 @@ def test_delta_at_or_above_one_over_n_is_refused_and_near_it_warned():
     with pytest.raises(ValueError, match="1/n"):
         jc.dp_sgd(lambda p, b: b, optax.sgd(0.1), num_examples=10, batch_size=2, l2_clip=1.0,
                   delta=0.5, steps=2, noise_multiplier=1.0)
+
+
+def test_events_that_print_alike_are_accounted_apart(monkeypatch):
+    # numpy prints an array's floats to 8 digits: these two noise multipliers share a repr, not a value,
+    # so each must get its own accounting (a repr-keyed memo would return the first one's ε for both)
+    monkeypatch.setattr(acc, "_ACCOUNTED", {})
+    events = [dpe.SelfComposedDpEvent(dpe.PoissonSampledDpEvent(0.01, dpe.GaussianDpEvent(np.array(z))), 100)
+              for z in (0.7000000001, 0.7000000049)]
+    assert repr(events[0]) == repr(events[1])
+    for event in events:
+        fresh = rdp.RdpAccountant(list(acc.DEFAULT_RDP_ORDERS))
+        fresh.compose(event)
+        assert acc.compute_epsilon(event, 1e-5) == fresh.get_epsilon(1e-5)
+    assert acc.compute_epsilon(events[0], 1e-5) > acc.compute_epsilon(events[1], 1e-5)
+    assert len(acc._ACCOUNTED) == 2
+    # a field the key cannot read exactly is accounted afresh, never keyed by an approximation
+    assert acc._event_key(dpe.GaussianDpEvent(object())) is None
