@@ -123,4 +123,3 @@ def test_equivalent_spellings_share_one_accounting_and_fresh_values(monkeypatch)
     fresh = dp_accounting.rdp.RdpAccountant(list(acc.DEFAULT_RDP_ORDERS))
     fresh.compose(nested)
     assert fresh.get_epsilon(1e-5) == pytest.approx(eps, rel=1e-12)
-
