@@ -193,6 +193,49 @@ def _matmul_ceiling(r: dict) -> str:
             "well only for long tasks (`batched_matmul_alone_by_class` in the JSON).")
 
 
+# Measured text kept with the table (benchmarks/altmin_gram_cores.py and scratch variants; see the commits named)
+GRAM_CORES_TEXT = (
+    'Does a second device help? (`PYTHONPATH=. python -m benchmarks.altmin_gram_cores`, '
+    '`benchmarks/results/altmin_gram_cores.json` as of commit 167f5b5, since replaced by the run in the '
+    'next paragraph; each setting in a fresh process, shares of the dense rate measured in that process.)'
+    " Pinned to one core (`sched_setaffinity`), the Gram's 65-wide batched matmul reaches 52–60% of that "
+    "core's dense rate, against 22–39% of the 2-core dense rate when both cores are free: it gains little"
+    ' from the second core. Splitting the classes over two host-platform devices with `shard_map` (how '
+    'the item update shards) lifts the batched matmul alone to 43–54% of the 2-core rate, but the whole '
+    'Gram build is not faster: 2.03 s on two devices vs 2.17 s on one (19–21% of dense in this run; the '
+    'gathers and weighting gain nothing and each device runs its own scan). Two earlier runs of the '
+    'script on this host, not kept (the dense yardstick moved between 139 and 206 GFLOP/s across the '
+    'three runs), agree on the build: 1.88 s on two devices vs 1.59 s (38% of dense) on one; the matmul-'
+    'alone shares scattered more (one core 38–92%, both cores free 36–61%, two devices 40–62%). So '
+    'sharding over host devices does not reach the 50% target either; it stays MISSED.')
+
+GRAM_TIME_TEXT = (
+    "Where the build's time goes (the same script since 8c85ed3, which also times the build's batched "
+    'matmuls on rows gathered and weighted beforehand, and a gather of 2¹⁹ random rows of the 136,677 × '
+    '65 user table in XLA and in numpy; `benchmarks/results/altmin_gram_cores.json`, recorded at 240b605,'
+    ' a loaded host: dense 173 / 91 / 156 GFLOP/s): with both cores on one device the build took 1.88 s '
+    "(26% of dense), its matmuls alone on pre-gathered rows 1.10 s (**44%**), so gathering the users' "
+    "rows is 42% of the build (0.78 s; the step benchmark's run above found 0.32 s with a 1.48 s build, "
+    'on a quieter host); pinned to one core 4.00 s (23%), matmuls 1.99 s (47%), gather 50%; two devices '
+    '1.93 s (28%). An earlier run of the same script on this host (not kept, the working tree differing '
+    "only in that script: dense 134 GFLOP/s) gave 25% for the build and 50% for its matmuls alone. XLA's "
+    "gather moves 5.4 M rows/s with both cores (3.2 M on one), numpy's single-threaded `take` of the same"
+    " rows 13.4 M (10.7 M): XLA's gather is 2.5–3.3× slower than a plain row copy, so a faster gather "
+    "could lift the build toward the matmuls' 44–50%, and only a faster batched-matmul kernel can lift it"
+    " above 50%. Tried in scratch and not kept, none faster beyond this host's noise (up to 30% between "
+    'repeats of the same build): gathering from the table padded to 72, 80 or 128 columns and slicing '
+    'back to 65; one gather per class outside the scan; no scan at all (the whole class in one gather and'
+    ' one einsum: slower, 3.1 s vs 2.5 s in the same process); `jnp` gather with `promise_in_bounds`; '
+    "XLA's XNNPACK dot option (`--xla_cpu_use_xnnpack=true`, a process-wide flag: whole build 2.17 / 2.28"
+    ' s vs 2.03 / 2.08 s without, two interleaved pairs of processes; oneDNN and YNNPACK options were not'
+    ' faster on single classes either). Also measured on 2026-11-28 (scratch, one process, min of '
+    "repeats; not kept): the batched Gram split into two or four independent halves of one program (XLA's"
+    ' CPU runtime does not run them on both cores: 0.14 → 0.09 / 0.11 of dense at 96 rows per task, 0.29 '
+    "→ 0.17 / 0.18 at 384, 0.37 → 0.20 / 0.20 at 1,024), and only the upper blocks, as BLAS's syrk does "
+    '(X₁ᵀ[X₁ X₂] + X₂ᵀX₂, 75% of the flops, or four column blocks, 62.5%): 1.4–4.3× slower, the column '
+    'slices become strided copies.')
+
+
 def render() -> str:
     lines = ["## Capability 1: DP alternating minimization and multi-task SSP", ""]
     lines += _defaults_table("ml_100k", "MovieLens-100K (943 users)")
@@ -307,6 +350,7 @@ def render() -> str:
                          " The gather of each task's rows and the short batched matmuls "
                          "(most tasks have < 400 rows, where XLA's batched dot on this CPU runs at 12–30% of its dense "
                          "rate even on gathered-in-advance input) keep the Gram below the dense rate.")]
+            lines += ["", GRAM_CORES_TEXT, "", GRAM_TIME_TEXT]
         parts = [r for r in speed["results"] if "breakdown_seconds" in r]
         if parts:
             names = list(parts[0]["breakdown_seconds"])
