@@ -329,4 +329,5 @@ def dp_sgd(loss_fn: Callable, optimizer: optax.GradientTransformation, *, num_ex
 
 
 __all__ = ["DPAggregateState", "DPSGD", "DPSGDState", "calibrate_noise_multiplier", "clipped_accumulate",
-           "default_max_batch_size", "dp_aggregate", "dp_sgd", "dp_sgd_event", "poisson_indices", "poisson_keep", "poisson_sample"]
+           "default_max_batch_size", "dp_aggregate", "dp_sgd", "dp_sgd_event", "poisson_indices", "poisson_keep",
+           "poisson_sample"]

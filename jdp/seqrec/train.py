@@ -425,8 +425,8 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     if cfg.model == "dpformer":
         if counts_rel is None:  # non-private reference: zero noise -> Re-Attention is the identity
             counts_rel = np.ones(M + 1)
-        w_var, emb_var = ra.effective_variances(sigma, cfg.l2_clip, cfg.batch_size, q, counts_rel, cfg.error_scale)
-        reatt = {"w_var": jnp.float32(w_var), "emb_var": jnp.asarray(emb_var)}
+        reatt = _reatt_inputs(*ra.effective_variances(sigma, cfg.l2_clip, cfg.batch_size, q, counts_rel,
+                                                      cfg.error_scale))
     # every release before training (histogram, vocabulary): privacy_setup appends the DP-SGD steps last
     fixed_events = [r.composed_event() for r in report.releases[:-1]] if private else []
 
@@ -453,9 +453,13 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     eval_shapes = evaluation_shapes([data.valid_input] + ([data.test_input] if evaluate_test else []),
                                     [data.valid_target] + ([data.test_target] if evaluate_test else []),
                                     cfg.eval_chunk, eval_windows)
-    if first_step_ready is None:  # else once the first step is compiled (two cores: it comes first)
+
+    def precompile_evaluation():
         for shape in eval_shapes:
             pool.submit(_precompile, rank_fn, params, *shape)
+
+    if first_step_ready is None:  # else once the first step is compiled (two cores: it comes first)
+        precompile_evaluation()
     n_data = data.n_users
     eval_every = max(1, int(round(cfg.eval_every_epochs * per_epoch))) if cfg.eval_every_epochs > 0 else 0
     t_train, epoch_loss, epoch_count = 0.0, 0.0, 0
@@ -475,8 +479,7 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
         if first_step_ready is not None:  # calling `accumulate` while it compiles would compile it twice
             first_step_ready.result()
             first_step_ready = None
-            for shape in eval_shapes:
-                pool.submit(_precompile, rank_fn, params, *shape)
+            precompile_evaluation()
         new = {(w, int(mask.size)) for w, _, mask in chunks} - shapes_seen
         shapes_seen |= new
         step_new_shapes.append(len(new))
@@ -547,14 +550,18 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     return TrainResult(params, metrics, report, float(sigma), steps, history, timings, reatt, counts_rel, baselines)
 
 
+def _reatt_inputs(w_var, emb_var) -> dict:
+    """Re-Attention's released variances as the step's `aux` input (values, not constants of the program)."""
+    return {"w_var": jnp.float32(w_var), "emb_var": jnp.asarray(emb_var, jnp.float32)}
+
+
 def _lower_first_step(data, cfg, model, loss_fn, k_init, N, q, windows, k_sample, k_dropout) -> list:
     """The clipped accumulation of the first step's chunk shapes (the sample is Poisson at rate q, known before σ),
     traced and lowered on abstract parameters: the same jitted function `dp_sgd(...).accumulate` returns later, so
     compiling these fills its cache."""
     L, M = data.maxlen, data.n_items
     params = jax.eval_shape(model.init, k_init, jnp.zeros((1, L), jnp.int32))
-    aux = ({"w_var": jax.ShapeDtypeStruct((), jnp.float32), "emb_var": jax.ShapeDtypeStruct((M + 1,), jnp.float32)}
-           if cfg.model == "dpformer" else None)
+    aux = jax.eval_shape(_reatt_inputs, 1.0, np.ones(M + 1, np.float32)) if cfg.model == "dpformer" else None
     accumulate = clipped_accumulate(loss_fn, float(cfg.l2_clip), cfg.clipping, bool(cfg.normalize), cfg.batch_chunk)
     idx = poisson_indices(jax.random.fold_in(k_sample, 0), N, q)
     idx = idx[idx < data.n_users]
