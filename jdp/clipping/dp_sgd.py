@@ -278,8 +278,9 @@ def clipped_accumulate(loss_fn: Callable, l2_clip: float, method: str = "auto", 
     accumulate(params, grad_sum, batch, mask, aux=None) -> (grad_sum + Σ clipped grads, sums). Its program
     does not read the noise multiplier, so a caller can compile it while σ is still being calibrated.
 
-    Releases nothing by itself: adding or removing one row moves the sum by at most `l2_clip` (with `normalize`, exactly
-    `l2_clip` unless its gradient is zero), and only `DPSGD.apply` adds the noise that the report accounts."""
+    Releases nothing by itself: adding or removing one row moves the sum by at most `l2_clip` (with
+    `normalize`, exactly `l2_clip` unless its gradient is zero); only `DPSGD.apply` adds the noise that the
+    report accounts."""
     return _clipped_accumulate(loss_fn, float(l2_clip), method, bool(normalize), batch_chunk)
 
 
