@@ -175,3 +175,32 @@ def test_events_that_print_alike_are_accounted_apart(monkeypatch):
     assert len(acc._ACCOUNTED) == 2
     # a field the key cannot read exactly is accounted afresh, never keyed by an approximation
     assert acc._event_key(dpe.GaussianDpEvent(object())) is None
+
+
+def _composed_dp_sgd(s):  # seqrec: a released histogram beside the DP-SGD steps
+    return dpe.ComposedDpEvent([gaussian_event(4.0), dpe.SelfComposedDpEvent(
+        dpe.PoissonSampledDpEvent(0.128, gaussian_event(s)), 16)])
+
+
+@pytest.mark.parametrize("make_event, epsilon", [
+    (_dp_sgd, 0.5), (_dp_sgd, 2.0), (_composed_dp_sgd, 8.0), (_composed_gaussians, 1.0),
+    (lambda s: dpe.SelfComposedDpEvent(dpe.PoissonSampledDpEvent(0.5, gaussian_event(s)), 40), 20.0),
+    (lambda s: gaussian_event(s), 1000.0),  # ε attained at the smallest order (1.1)
+    (lambda s: gaussian_event(s), 0.005)])  # and at the largest (1024)
+def test_calibrate_over_windows_of_orders_finds_the_every_order_root(make_event, epsilon, monkeypatch):
+    """`calibrate` accounts Brent's candidates over a few orders around the optimum only. Its root must be the one
+    a search over every order finds (the window then spans every order), spend at most ε over every order, and
+    take few every-order accountings beyond the bracket's (the root and, rarely, one repeat)."""
+    full = len(acc.DEFAULT_RDP_ORDERS)
+    calls = []
+    account = acc._account
+    monkeypatch.setattr(acc, "_account", lambda event, *args: calls.append(len(args[2])) or account(event, *args))
+    acc._ACCOUNTED.clear()
+    s = calibrate(make_event, epsilon, DELTA, bracket=(1e-3, 1e5))
+    walk = 2 + math.ceil(abs(math.log(s)) / math.log(4.0))  # the bracket's steps of ×4 from 1, over every order
+    assert sum(n == full for n in calls) <= walk + 2
+    assert compute_epsilon(make_event(s), DELTA) <= epsilon
+    for window in (full, 0):  # every order at every step; one order at a time (only the every-order checks find
+        monkeypatch.setattr(acc, "_ORDER_WINDOW", window)  # the optimum)
+        acc._ACCOUNTED.clear()
+        assert s == pytest.approx(calibrate(make_event, epsilon, DELTA, bracket=(1e-3, 1e5)), rel=1e-5)
