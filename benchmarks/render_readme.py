@@ -4,7 +4,7 @@ from __future__ import annotations
 import pathlib
 
 HERE = pathlib.Path(__file__).resolve().parent
-ORDER = ["altmin", "data", "clipping", "seqrec", "selection", "meta", "cli"]
+ORDER = ["altmin", "data", "clipping", "seqrec", "selection", "meta", "accounting", "cli"]
 HEADER = """# jdp benchmarks
 
 Every script writes `results/<name>.json` with the command, git commit, device, library versions and
