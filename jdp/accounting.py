@@ -317,12 +317,13 @@ def calibrate(make_event: Callable[[float], dpe.DpEvent], epsilon: float, delta:
     parameter (default 1e-6 relative). Raises ValueError when the budget cannot be met inside the bracket (e.g.
     a fixed part of the budget already exceeds ε).
 
-    With the RDP accountant each step after the first accounts only the orders near the one that attained ε
-    last (`_ORDER_WINDOW` on each side, the window slid while its best order is at an edge): ε over a subset
-    of the orders is never smaller, so the root of that bound spends at most ε over every order. The root is
-    then accounted over every order: the same ε means the same root; otherwise Brent repeats below it. Most of
-    the accountant's time went into orders far from the optimum (a 16-step DP-SGD run's σ: 14 calls over
-    159 orders, 1.4-1.6 s, some orders not converging).
+    With the RDP accountant, Brent's steps account only the orders near the one that attained ε last
+    (`_ORDER_WINDOW` on each side, the window slid while its best order is at an edge; the bracket's walk uses
+    every order): ε over a subset of the orders is never smaller, so the root of that bound spends at most ε
+    over every order. The root is then accounted over every order: the same ε means the same root; otherwise
+    Brent repeats below it. Most of the accountant's time went into orders far from the optimum (a 16-step
+    DP-SGD run's σ: 14 calls over 159 orders, 1.4-1.6 s, some orders not converging; 1.5× less time over
+    the packages' event shapes, `benchmarks/accounting_calibration.py`).
     """
     epsilon, delta, relation = check_epsilon(epsilon), check_delta(delta), check_relation(relation)
     lo, hi = bracket
