@@ -352,7 +352,8 @@ def calibrate(make_event: Callable[[float], dpe.DpEvent], epsilon: float, delta:
             first = max(0, centre[0] - _ORDER_WINDOW)
             window = all_orders[first:centre[0] + _ORDER_WINDOW + 1]
             eps, order = _epsilon_and_order(event, delta, accountant, window, relation)
-            moved, centre[0] = _nearest(all_orders, order) != centre[0], _nearest(all_orders, order)
+            nearest = _nearest(all_orders, order)
+            moved, centre[0] = nearest != centre[0], nearest
             if not moved or not (order == window[0] > all_orders[0] or order == window[-1] < all_orders[-1]):
                 break  # not at an edge the orders extend beyond: a local optimum
         return eps
