@@ -350,9 +350,11 @@ def zero_cost_model(train: Interactions, cfg: AltMinConfig) -> AltMinModel:
     """The model every user gets for free: the public prior μ plus the user's own bias, solved on the user's
     side; nothing is released (empty report, ε = 0). A private model should never do worse."""
     prior = cfg.global_mean if not isinstance(cfg.global_mean, (str, type(None))) else "prior"  # a declared prior
+    # the user-side defaults only: same baseline for every config. With no released item biases the user's scale
+    # column is zero, a_j = 1 and b_j is the plain ridge bias; kept so that the solve shares the compiled program
+    # of a rank-0 model's predictions on the same ratings
     cfg = AltMinConfig(dim=0, rating_range=cfg.rating_range, global_mean=prior, delta=cfg.delta,
-                       user_slope_reg=math.inf,  # no released item biases to scale
-                       show_progress=False).resolve()  # the user-side defaults only: same baseline for every config
+                       show_progress=False).resolve()
     report = PrivacyReport(cfg.delta, unit="user", relation=ADD_OR_REMOVE_ONE)
     report.assume(f"public rating scale {tuple(cfg.rating_range)}; nothing released")
     return AltMinModel(np.zeros((train.n_items, 0), np.float32), np.zeros(train.n_items, np.float32),
@@ -396,7 +398,7 @@ class UserSolver:
     """
 
     def __init__(self, data: Interactions, user_reg: float, user_bias_reg: float | None, per_rating: bool = False,
-                 user_slope_reg: float = math.inf):
+                 user_slope_reg: float = math.inf, fit_slope: bool = True):
         n_blocks = max(1, -(-data.n_users // USERS_PER_BLOCK))
         plan = gram.build_plan(data.user, data.item, None, data.n_users, n_shards=n_blocks)
         self.classes, self.stack_index = gram.device_arrays(plan)
@@ -406,6 +408,7 @@ class UserSolver:
         self.user_reg = float(user_reg)
         self.bias_column = None if user_bias_reg is None else math.sqrt(user_reg / user_bias_reg)
         self.slope_column = None if not math.isfinite(user_slope_reg) else math.sqrt(user_reg / user_slope_reg)
+        self.fit_slope = fit_slope
         if self.slope_column is not None and (self.bias_column is None or per_rating):
             raise ValueError("user_slope_reg needs a user bias (user_bias_reg) and reg_per_rating=False")
         # per rating: ridge λ·n_j, the count read off the Gram's constant bias column (s² per rating)
@@ -418,14 +421,16 @@ class UserSolver:
     @classmethod
     def for_config(cls, data: Interactions, cfg: AltMinConfig, predict: bool = False) -> "UserSolver":
         """The user solver of a resolved config (its user ridges, biases and per-rating choice); `predict`: the
-        final solve behind predictions, which also scales the item biases (`user_slope_reg`)."""
+        final solve behind predictions, which also scales the item biases (`user_slope_reg`). Training's solves
+        keep a_j = 1 in the same layout (`fit_slope=False`), so both compile one program per ratings layout."""
         return cls(data, cfg.user_reg, cfg.user_bias_reg if cfg.biases else None, cfg.reg_per_rating,
-                   cfg.user_slope_reg if predict else math.inf)
+                   cfg.user_slope_reg, fit_slope=predict)
 
     def __call__(self, item_factors, item_bias, mean: float) -> UserEmbeddings:
         v = jnp.asarray(item_factors, jnp.float32)
-        if self.slope_column is not None:
-            v = jnp.concatenate([v, self.slope_column * jnp.asarray(item_bias, jnp.float32)[:, None]], axis=1)
+        if self.slope_column is not None:  # a zero column when a_j is held at 1: a_j − 1 = 0 and b_j exactly as without
+            slope = self.slope_column * jnp.asarray(item_bias, jnp.float32) if self.fit_slope else jnp.zeros(v.shape[0])
+            v = jnp.concatenate([v, slope[:, None].astype(jnp.float32)], axis=1)
         if self.bias_column is not None:
             v = _with_constant_column(v, self.bias_column)
         resid = _residuals(self.rating, self.item, item_bias, mean, math.inf)
@@ -438,6 +443,8 @@ class UserSolver:
         bias = coef[:, -1] * np.float32(self.bias_column)
         if self.slope_column is None:
             return UserEmbeddings(coef[:, :-1], bias)
+        if not self.fit_slope:
+            return UserEmbeddings(coef[:, :-2], bias)
         return UserEmbeddings(coef[:, :-2], bias, 1.0 + coef[:, -2] * np.float32(self.slope_column))
 
 

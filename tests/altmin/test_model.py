@@ -317,6 +317,28 @@ def test_light_users_do_not_get_a_rank_the_noise_cannot_carry():
     assert row["config"]["dim"] == 4 and row["metrics"]["rmse_test"] < row["metrics"]["rmse_zero_cost_test"] - 0.03
 
 
+def test_training_predictions_and_zero_cost_model_share_one_user_solve_program_per_layout():
+    """Training's user solves (a_u held at 1 by a zero scale column), the predictions' (a_u solved) and the zero-cost
+    model's (no released biases: a zero column again) run one compiled solve per ratings layout: a first run pays
+    two user-side compilations, not four."""
+    from jdp.altmin.model import zero_cost_model
+    from jdp.data import concat
+    from jdp.multitask.ssp import _solve_tasks
+    train, valid, _ = split_ratings(planted_powerlaw(seed=5, n_users=300, n_items=120, nnz=6000).data, (0.8, 0.1, 0.1),
+                                    seed=0)
+    model = fit(train, AltMinConfig(method="dpals-uniform", epsilon=1.0, dim=0, show_progress=False), seed=0)
+    compiled = _solve_tasks._cache_size()  # training: one user program (train layout) and one item program
+    users = model.user_factors(train)
+    assert users.slope is not None and np.std(users.slope) > 0  # predictions do scale the released biases
+    free = zero_cost_model(train, model.config)
+    free_users = free.user_factors(train)
+    assert _solve_tasks._cache_size() == compiled  # neither the predictions nor the zero-cost model compiled again
+    np.testing.assert_allclose(free_users.slope, 1.0)
+    history = concat([train, valid])  # a new layout: one more program, shared by the model and the zero-cost one
+    model.user_factors(history), free.user_factors(history)
+    assert _solve_tasks._cache_size() == compiled + 1
+
+
 def test_user_side_item_bias_scale_recovers_planted_slopes_and_is_free():
     """Predictions solve each user's a_u in r̂ = μ + b_u + a_u·c_i on the user's side: it recovers planted scales,
     is the identity when the released item biases are 0 (the zero-cost model is unchanged), and training's own
