@@ -128,6 +128,7 @@ def main():
 
         t = time.perf_counter()
         users = UserSolver(data, 1.0, 5.0)  # layout built once per run, like the item plan
+        users.class_layout()
         user_plan_seconds = time.perf_counter() - t
 
         def user_features():
@@ -147,7 +148,7 @@ def main():
         # they are not kept), the rest of the user solves, the item Gram, its noise, the item solve
         vb = jnp.concatenate([jnp.asarray(v), jnp.full((data.n_items, 1), users.bias_column)], axis=1)
         user_gram = jax.jit(lambda f: jax.lax.map(
-            lambda cs: sum(jnp.sum(a) for cl in cs for a in gram.class_gram(f, *cl)), users.classes))
+            lambda cs: sum(jnp.sum(a) for cl in cs for a in gram.class_gram(f, *cl)), users.class_layout()[0]))
         t_user_gram = timed(lambda: user_gram(vb), repeats=2)
         all_tasks = jnp.concatenate([t[0] for t in tasks])
         noise = jax.jit(lambda k: keyed_gram_noise(k, all_tasks, d + 1, std_a, std_b))

@@ -33,6 +33,7 @@ before anything private runs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from typing import NamedTuple
@@ -386,6 +387,23 @@ def _with_constant_column(v, value):
     return jnp.concatenate([v, jnp.full((v.shape[0], 1), value, jnp.float32)], axis=1)
 
 
+SMALL_SOLVE_FEATURES = 3  # UserSolver: designs this narrow (rank 0 or 1 with bias and scale) skip the class layout
+
+
+@functools.partial(jax.jit, static_argnames=("n_users",))
+def _small_user_solves(v, item, user, resid, lam, n_users):
+    """Every user's ridge solution (Σ_i x_i x_iᵀ + λI)⁻¹ Σ_i r_i x_i for a narrow design x_i = v[item]: the Gram's
+    f(f+1)/2 distinct entries as segment sums over the ratings, one batched f×f solve. No per-shape layout to
+    compile, and for f ≤ SMALL_SOLVE_FEATURES no more memory than the ratings' own f columns."""
+    f = v.shape[1]
+    rows, cols = np.triu_indices(f)
+    x = v[item]
+    entries = jax.ops.segment_sum(x[:, rows] * x[:, cols], user, num_segments=n_users)
+    gram = jnp.zeros((n_users, f, f), jnp.float32).at[:, rows, cols].set(entries).at[:, cols, rows].set(entries)
+    rhs = jax.ops.segment_sum(x * resid[:, None], user, num_segments=n_users)
+    return jnp.linalg.solve(gram + lam * jnp.eye(f, dtype=jnp.float32), rhs[..., None])[..., 0]
+
+
 class UserSolver:
     """Exact per-user ridge solves of (u_j, b_j) from the released (V, c, μ) and the user's own ratings:
     min Σ_{i∈Ω_j} (r_ij − μ − a_j·c_i − b_j − u_j·v_i)² + λ_u‖u_j‖² + λ_b b_j² + λ_a (a_j − 1)².
@@ -393,17 +411,14 @@ class UserSolver:
     The bias rides as a constant column s = √(λ_u/λ_b) of the design [v_i, s] (one ridge λ_u on the
     coefficients gives the bias the ridge λ_b); with `user_slope_reg` λ_a, a_j − 1 rides likewise as the column
     √(λ_u/λ_a)·c_i before it (the bias column stays last: per-rating ridges read the count off it). The
-    observation layout is built once; the residual labels are laid out on device each call. Users are solved in
-    blocks of USERS_PER_BLOCK to bound memory.
+    observation layout is built once, when first needed; the residual labels are laid out on device each call.
+    Users are solved in blocks of USERS_PER_BLOCK to bound memory. Designs of at most SMALL_SOLVE_FEATURES
+    columns without per-rating ridges are solved from segment sums instead (`_small_user_solves`, same solutions).
     """
 
     def __init__(self, data: Interactions, user_reg: float, user_bias_reg: float | None, per_rating: bool = False,
                  user_slope_reg: float = math.inf, fit_slope: bool = True):
-        n_blocks = max(1, -(-data.n_users // USERS_PER_BLOCK))
-        plan = gram.build_plan(data.user, data.item, None, data.n_users, n_shards=n_blocks)
-        self.classes, self.stack_index = gram.device_arrays(plan)
-        self.obs_index, self.class_tasks = gram.observation_index(plan), gram.class_tasks(plan)
-        self.flat_index = jnp.asarray(plan.flat_index)
+        self.data, self._classes = data, None
         self.item, self.rating = jnp.asarray(data.item), jnp.asarray(data.rating, jnp.float32)
         self.user_reg = float(user_reg)
         self.bias_column = None if user_bias_reg is None else math.sqrt(user_reg / user_bias_reg)
@@ -426,6 +441,12 @@ class UserSolver:
         return cls(data, cfg.user_reg, cfg.user_bias_reg if cfg.biases else None, cfg.reg_per_rating,
                    cfg.user_slope_reg, fit_slope=predict)
 
+    def class_layout(self):
+        """(classes, class_tasks, stack_index, obs_index, flat_index) of `solve_tasks`, built on first use."""
+        if self._classes is None:
+            self._classes = _user_layout(self.data)
+        return self._classes
+
     def __call__(self, item_factors, item_bias, mean: float) -> UserEmbeddings:
         v = jnp.asarray(item_factors, jnp.float32)
         if self.slope_column is not None:  # a zero column when a_j is held at 1: a_j − 1 = 0 and b_j exactly as without
@@ -434,10 +455,15 @@ class UserSolver:
         if self.bias_column is not None:
             v = _with_constant_column(v, self.bias_column)
         resid = _residuals(self.rating, self.item, item_bias, mean, math.inf)
-        classes = gram.with_labels(self.classes, self.obs_index, resid)
-        coef = np.asarray(_rows(solve_tasks(v, classes, self.class_tasks, self.stack_index, jax.random.key(0), 0.0, 0.0,
-                                            self.user_reg if self.count_ridge is None else 1e-6, mesh=None,
-                                            noisy=False, count_ridge=self.count_ridge), self.flat_index))
+        if v.shape[1] <= SMALL_SOLVE_FEATURES and self.count_ridge is None:
+            coef = np.asarray(_small_user_solves(v, self.item, jnp.asarray(self.data.user), resid, self.user_reg,
+                                                 self.data.n_users))
+        else:
+            classes, class_tasks, stack_index, obs_index, flat_index = self.class_layout()
+            classes = gram.with_labels(classes, obs_index, resid)
+            coef = np.asarray(_rows(solve_tasks(v, classes, class_tasks, stack_index, jax.random.key(0), 0.0, 0.0,
+                                                self.user_reg if self.count_ridge is None else 1e-6, mesh=None,
+                                                noisy=False, count_ridge=self.count_ridge), flat_index))
         if self.bias_column is None:
             return UserEmbeddings(coef, np.zeros(coef.shape[0], np.float32))
         bias = coef[:, -1] * np.float32(self.bias_column)
@@ -446,6 +472,14 @@ class UserSolver:
         if not self.fit_slope:
             return UserEmbeddings(coef[:, :-2], bias)
         return UserEmbeddings(coef[:, :-2], bias, 1.0 + coef[:, -2] * np.float32(self.slope_column))
+
+
+def _user_layout(data: Interactions):
+    """The per-user class layout of `solve_tasks` (blocks of USERS_PER_BLOCK users)."""
+    plan = gram.build_plan(data.user, data.item, None, data.n_users,
+                           n_shards=max(1, -(-data.n_users // USERS_PER_BLOCK)))
+    classes, stack_index = gram.device_arrays(plan)
+    return classes, gram.class_tasks(plan), stack_index, gram.observation_index(plan), jnp.asarray(plan.flat_index)
 
 
 def solve_users(data: Interactions, item_factors: np.ndarray, item_bias: np.ndarray, mean: float, user_reg: float,

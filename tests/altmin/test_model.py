@@ -317,26 +317,53 @@ def test_light_users_do_not_get_a_rank_the_noise_cannot_carry():
     assert row["config"]["dim"] == 4 and row["metrics"]["rmse_test"] < row["metrics"]["rmse_zero_cost_test"] - 0.03
 
 
-def test_training_predictions_and_zero_cost_model_share_one_user_solve_program_per_layout():
-    """Training's user solves (a_u held at 1 by a zero scale column), the predictions' (a_u solved) and the zero-cost
-    model's (no released biases: a zero column again) run one compiled solve per ratings layout: a first run pays
-    two user-side compilations, not four."""
-    from jdp.altmin.model import zero_cost_model
+def test_training_and_predictions_share_one_user_solve_program_per_layout():
+    """Training's user solves (a_u held at 1 by a zero scale column) and the predictions' (a_u solved) run one
+    compiled class-layout solve per ratings layout: a first run pays one user-side compilation per layout, not two."""
     from jdp.data import concat
     from jdp.multitask.ssp import _solve_tasks
     train, valid, _ = split_ratings(planted_powerlaw(seed=5, n_users=300, n_items=120, nnz=6000).data, (0.8, 0.1, 0.1),
                                     seed=0)
-    model = fit(train, AltMinConfig(method="dpals-uniform", epsilon=1.0, dim=0, show_progress=False), seed=0)
+    model = fit(train, AltMinConfig(method="dpals-uniform", epsilon=1.0, dim=2, show_progress=False), seed=0)
     compiled = _solve_tasks._cache_size()  # training: one user program (train layout) and one item program
     users = model.user_factors(train)
     assert users.slope is not None and np.std(users.slope) > 0  # predictions do scale the released biases
-    free = zero_cost_model(train, model.config)
-    free_users = free.user_factors(train)
-    assert _solve_tasks._cache_size() == compiled  # neither the predictions nor the zero-cost model compiled again
-    np.testing.assert_allclose(free_users.slope, 1.0)
-    history = concat([train, valid])  # a new layout: one more program, shared by the model and the zero-cost one
-    model.user_factors(history), free.user_factors(history)
+    assert _solve_tasks._cache_size() == compiled  # the predictions did not compile again
+    model.user_factors(concat([train, valid]))  # a new layout: one more program
     assert _solve_tasks._cache_size() == compiled + 1
+
+
+def test_narrow_user_designs_are_solved_from_segment_sums_with_the_same_solutions(monkeypatch):
+    """Rank 0 and 1 (design [v, a_u's column, 1] of ≤ SMALL_SOLVE_FEATURES columns) skip the class layout: the
+    segment-sum solves equal the class-layout ones, compile no `solve_tasks` program, and the zero-cost model's
+    solves share the rank-0 predictions' program (its scale column is zero: a_u = 1, b_u unchanged)."""
+    import math
+    import jdp.altmin.model as model_module
+    from jdp.altmin import UserSolver
+    from jdp.altmin.model import zero_cost_model
+    from jdp.multitask.ssp import _solve_tasks
+    data = planted_powerlaw(seed=6, n_users=500, n_items=150, nnz=9000).data
+    rng = np.random.default_rng(0)
+    c = rng.normal(0.0, 0.3, data.n_items).astype(np.float32)
+    for dim in (0, 1):
+        v = rng.normal(size=(data.n_items, dim)).astype(np.float32)
+        for slope_reg in (math.inf, 4.0):
+            compiled = _solve_tasks._cache_size()
+            small = UserSolver(data, 1.0, 5.0, user_slope_reg=slope_reg)(v, c, 3.0)
+            assert _solve_tasks._cache_size() == compiled
+            with monkeypatch.context() as m:
+                m.setattr(model_module, "SMALL_SOLVE_FEATURES", -1)  # force the class layout
+                ref = UserSolver(data, 1.0, 5.0, user_slope_reg=slope_reg)(v, c, 3.0)
+            np.testing.assert_allclose(small.factors, ref.factors, atol=1e-5)
+            np.testing.assert_allclose(small.bias, ref.bias, atol=1e-5)
+            if slope_reg != math.inf:
+                np.testing.assert_allclose(small.slope, ref.slope, atol=1e-5)
+    model = fit(data, AltMinConfig(method="dpals-uniform", epsilon=1.0, dim=0, show_progress=False), seed=0)
+    model.user_factors(data)
+    compiled = model_module._small_user_solves._cache_size()
+    free = zero_cost_model(data, model.config).user_factors(data)
+    assert model_module._small_user_solves._cache_size() == compiled
+    np.testing.assert_allclose(free.slope, 1.0)
 
 
 def test_user_side_item_bias_scale_recovers_planted_slopes_and_is_free():
