@@ -53,7 +53,7 @@ from jdp.multitask.noisy_gd import NoisyGDConfig, noisy_gd_releases
 from jdp.multitask.ssp import (check_user_budget, clip_label_norms, count_posterior_mean, solve_tasks, ssp_releases,
                                task_mesh)
 from jdp.multitask.weights import adaptive_weights, tail_sampling_weights, task_weights, uniform_sampling_weights
-from jdp.noise import clip_by_norm, seeded_key
+from jdp.noise import clip_by_norm, seeded_key, standard_normal
 from jdp.validation import check_delta, check_epsilon, check_positive
 
 RIDGE, NOISY_GD = "ridge", "noisy_gd"  # item update rules
@@ -920,7 +920,7 @@ def fit(train: Interactions, cfg: AltMinConfig, seed: int | None = None, *, tune
     item_update = update_class(train, weights, cfg, noise, timings, counts, gram_key=k_gram)
     timings["plan_seconds"] = time.perf_counter() - t1
     d = cfg.dim
-    v = cfg.init_scale * jax.random.normal(k_init, (n_items, d), jnp.float32)
+    v = cfg.init_scale * standard_normal(k_init, (n_items, d))
     c = jnp.zeros(n_items, jnp.float32)
     user_solver = UserSolver.for_config(train, cfg)
     user, rating = jnp.asarray(train.user), jnp.asarray(train.rating, jnp.float32)

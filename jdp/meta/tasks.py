@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jdp.noise import standard_normal, standard_uniform
+
 PyTree = Any
 
 
@@ -73,12 +75,12 @@ def make_taskset(data: PyTree, mask=None) -> TaskSet:
 def _features(key, n_tasks: int, n_points: int, dim: int, features: str) -> jax.Array:
     if features == "ball":  # uniform in the unit ball
         kd, kr = jax.random.split(key)
-        g = jax.random.normal(kd, (n_tasks, n_points, dim))
+        g = standard_normal(kd, (n_tasks, n_points, dim))
         g = g / jnp.linalg.norm(g, axis=-1, keepdims=True)
-        r = jax.random.uniform(kr, (n_tasks, n_points, 1)) ** (1.0 / dim)
+        r = standard_uniform(kr, (n_tasks, n_points, 1)) ** (1.0 / dim)
         return g * r
     if features == "authors":  # the authors' code: uniform [0,1]^d, rows normalised to unit length
-        u = jax.random.uniform(key, (n_tasks, n_points, dim))
+        u = standard_uniform(key, (n_tasks, n_points, dim))
         return u / jnp.linalg.norm(u, axis=-1, keepdims=True)
     raise ValueError(f"features must be 'ball' or 'authors', got {features!r}")
 
@@ -88,20 +90,20 @@ def _regression_tasks(key, w: jax.Array, n_points: int, noise_std, features: str
     kx, ke = jax.random.split(key)
     n_tasks, dim = w.shape
     x = _features(kx, n_tasks, n_points, dim, features)
-    y = jnp.einsum("knd,kd->kn", x, w) + noise_std * jax.random.normal(ke, (n_tasks, n_points))
+    y = jnp.einsum("knd,kd->kn", x, w) + noise_std * standard_normal(ke, (n_tasks, n_points))
     return TaskSet((x.astype(jnp.float32), y.astype(jnp.float32)), jnp.ones((n_tasks, n_points), jnp.float32))
 
 
 @functools.partial(jax.jit, static_argnames=("n_tasks", "dim"))
 def _gaussian_weights(key, n_tasks: int, dim: int, mean, std) -> jax.Array:
-    return mean + std * jax.random.normal(key, (n_tasks, dim))
+    return mean + std * standard_normal(key, (n_tasks, dim))
 
 
 @functools.partial(jax.jit, static_argnames=("n_tasks",))
 def _cluster_weights(key, n_tasks: int, centres, probs, std):
     kc, kw = jax.random.split(key)
     cid = jax.random.choice(kc, centres.shape[0], (n_tasks,), p=probs)
-    return centres[cid] + std * jax.random.normal(kw, (n_tasks, centres.shape[1])), cid
+    return centres[cid] + std * standard_normal(kw, (n_tasks, centres.shape[1])), cid
 
 
 def _check_gen(n_tasks: int, n_points: int, dim: int, noise_std: float) -> None:
