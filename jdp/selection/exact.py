@@ -100,22 +100,51 @@ def exponential_common_scale(scores, scale) -> np.ndarray:
 
 def _log_cdf_pdf(y: np.ndarray, q: np.ndarray, b: np.ndarray, noise: str) -> tuple[np.ndarray, np.ndarray]:
     """log F_j(y) and f_j(y) for all nodes × candidates: [..., N, k]."""
-    x = (y[..., :, None] - q[..., None, :]) / b[..., None, :]
     bb = b[..., None, :]
+    if noise == "laplace":  # in place: these arrays are the quadrature's memory traffic
+        x = y[..., :, None] - q[..., None, :]
+        x /= bb
+        half_tail = _laplace_half_tail(x)  # ½e^{−|x|}: the pdf's numerator and the smaller tail's mass
+        below = x < 0
+        logf = np.add(x, np.log(0.5))  # log(½e^{x}) = log ½ + x below q_j, finite however negative x is
+        np.negative(half_tail, out=x)
+        np.log1p(x, out=logf, where=~below)  # log(1 − ½e^{−x}) above it
+        half_tail /= bb
+        return logf, half_tail
+    x = (y[..., :, None] - q[..., None, :]) / bb
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         if noise == "exponential":
             pos = x > 0
             logf = np.where(pos, np.log(-np.expm1(-np.where(pos, x, 1.0))), -np.inf)
             pdf = np.where(pos, np.exp(-np.where(pos, x, 0.0)) / bb, 0.0)
-        elif noise == "laplace":
-            logf = np.where(x < 0, np.log(0.5) + np.minimum(x, 0.0), np.log1p(-0.5 * np.exp(-np.maximum(x, 0.0))))
-            pdf = 0.5 * np.exp(-np.abs(x)) / bb
         elif noise == "gumbel":
             logf = -np.exp(-x)
             pdf = np.exp(-x - np.exp(-x)) / bb
         else:
             raise ValueError(f"noise must be 'exponential', 'laplace' or 'gumbel', got {noise!r}")
     return logf, pdf
+
+
+def _laplace_half_tail(x: np.ndarray) -> np.ndarray:
+    """½·e^{−|x|}, one exp per entry (the quadratures' cost is these transcendental calls)."""
+    half_tail = np.abs(x)
+    np.negative(half_tail, out=half_tail)
+    np.exp(half_tail, out=half_tail)
+    half_tail *= 0.5
+    return half_tail
+
+
+def _laplace_cdf_pdf(y: np.ndarray, q: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """F_j(y) and f_j(y) of Laplace(q_j, b_j) for all nodes × candidates: [..., N, k] (no log: random stopping
+    needs the CDF itself)."""
+    bb = b[..., None, :]
+    x = y[..., :, None] - q[..., None, :]
+    x /= bb
+    half_tail = _laplace_half_tail(x)
+    cdf = 1.0 - half_tail
+    np.copyto(cdf, half_tail, where=x < 0)
+    half_tail /= bb
+    return cdf, half_tail
 
 
 def noisy_max_probabilities(scores, scales, noise: str = "exponential") -> np.ndarray:
@@ -131,9 +160,13 @@ def _noisy_max(q, b, noise):
     y, w = _nodes(q, b, two_sided=noise != "exponential")
     logf, pdf = _log_cdf_pdf(y, q, b, noise)
     total = logf.sum(-1, keepdims=True)  # log Π_j F_j(y)
-    with np.errstate(invalid="ignore"):
-        others = np.where(pdf > 0, np.exp(total - logf), 0.0)  # Π_{j≠a} F_j(y), where f_a(y) > 0
-    p = np.einsum("...n,...na->...a", w, pdf * np.nan_to_num(others))
+    with np.errstate(invalid="ignore"):  # in place: [..., N, k] arrays, the quadrature's memory traffic
+        others = np.subtract(total, logf, out=logf)
+        np.exp(others, out=others)  # Π_{j≠a} F_j(y)
+    others[pdf <= 0] = 0.0  # only where f_a(y) > 0 (exponential noise: nothing below q_a)
+    np.nan_to_num(others, copy=False)
+    others *= pdf
+    p = np.einsum("...n,...na->...a", w, others)
     return p / p.sum(-1, keepdims=True)
 
 
@@ -147,7 +180,7 @@ def random_stopping_probabilities(scores, scales, dpgf: Callable[[np.ndarray], n
 def _random_stopping(q, b, dpgf):
     k = q.shape[-1]
     y, w = _nodes(q, b, two_sided=True)
-    logf, pdf = _log_cdf_pdf(y, q, b, "laplace")
-    g = np.exp(logf).mean(-1)  # [..., N]
+    cdf, pdf = _laplace_cdf_pdf(y, q, b)
+    g = cdf.mean(-1)  # [..., N]
     p = np.einsum("...n,...na->...a", w * dpgf(g), pdf) / k
     return p / p.sum(-1, keepdims=True)
