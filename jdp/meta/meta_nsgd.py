@@ -13,6 +13,7 @@ the report still states the accountant's ε for what was run).
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
 from typing import Any
@@ -116,23 +117,35 @@ def run_private(key, tasks: TaskSet, learner, h0_flat: jax.Array, spec: engine.F
         raise ValueError("give exactly one of epsilon (calibrated noise) or noise_multiplier")
     sens = privacy.sensitivity_factor(privacy.native_relation(sampling)) * clip
     k = tasks.n_tasks
+    train_args = dict(learner=learner, spec=spec, sampling=sampling, steps=int(steps), n_active=k,
+                      meta_lr=float(meta_lr), clip=jnp.float32(clip),
+                      radius=jnp.float32(math.inf if radius is None else radius))
+    compiled = None
+    if noise_multiplier is None and calibration != "theory":
+        epsilon = check_epsilon(epsilon)  # before any work
+        # the program does not read σ (an input): traced here, compiled beside the calibration (XLA releases the
+        # GIL; the calibration is Python and numpy), and called once both are done
+        lowered = engine.train_jit.lower(key, tasks.data, tasks.mask, h0_flat, batch_size=int(batch_size),
+                                         noise_std=jax.ShapeDtypeStruct((), jnp.float32), **train_args)
+        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jdp-compile")
+        compiled = pool.submit(lowered.compile)
+        pool.shutdown(wait=False)
     if noise_multiplier is not None:
         z = check_positive(noise_multiplier, "noise_multiplier")
     elif calibration == "theory":
         sigma, batch_size = privacy.theory_noise(epsilon, delta, k, steps, clip)
         z = sigma * batch_size / sens  # σ is on the mean gradient, the engine adds noise to the sum
     else:
-        epsilon = check_epsilon(epsilon)
         z = privacy.calibrate_meta_sgd(epsilon, delta, k, int(batch_size), int(steps), sampling)
     noise_std = z * sens
     report = privacy.new_report(delta, sampling)
     report.assume(f"number of tasks K = {k} treated as public (sets the sampling rate m/K)")
     privacy.add_release(report, f"{name}: {steps} noisy steps, {sampling} sampling of {batch_size}/{k} tasks",
                         sampling, noise_std, clip, n_tasks=k, batch_size=int(batch_size), steps=int(steps))
-    last, avg = engine.train_jit(
-        key, tasks.data, tasks.mask, h0_flat, learner=learner, spec=spec, batch_size=int(batch_size),
-        sampling=sampling, steps=int(steps), n_active=k, meta_lr=float(meta_lr), clip=jnp.float32(clip),
-        noise_std=jnp.float32(noise_std), radius=jnp.float32(math.inf if radius is None else radius))
+    if compiled is not None:  # the call below then reuses the compiled program
+        compiled.result()
+    last, avg = engine.train_jit(key, tasks.data, tasks.mask, h0_flat, batch_size=int(batch_size),
+                                 noise_std=jnp.float32(noise_std), **train_args)
     return MetaResult(avg if output == "average" else last, last, avg, spec, report, float(z), float(noise_std),
                       int(batch_size), int(steps))
 

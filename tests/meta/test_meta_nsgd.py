@@ -122,6 +122,25 @@ def test_events_match_sampling_and_spend_the_budget():
     assert d["unit"] == "task" and d["neighbouring_relation"] == "replace_special"
 
 
+def test_calibrated_run_compiles_its_training_program_once(caplog):
+    """run_private compiles the training program beside the calibration (it does not read σ) and then calls it:
+    one XLA compilation, not a second one for the call, and the same result as a run given the calibrated σ."""
+    import logging
+    tasks = _first(37)  # a task count of its own: a fresh program
+    common = dict(delta=1e-5, steps=4, batch_size=BATCH, meta_lr=0.5, clip=1.0)
+    jax.config.update("jax_log_compiles", True)  # process-wide: the compilation runs in a worker thread
+    try:
+        with caplog.at_level(logging.WARNING):
+            r = M.meta_nsgd(KEY, tasks, RIDGE, jnp.zeros(DIM), epsilon=2.0, **common)
+            same = M.meta_nsgd(KEY, tasks, RIDGE, jnp.zeros(DIM), epsilon=None, noise_multiplier=r.noise_multiplier,
+                               **common)
+    finally:
+        jax.config.update("jax_log_compiles", False)
+    compiled = [m for m in caplog.messages if m.startswith("Finished XLA compilation of jit(train)")]
+    assert len(compiled) == 1, compiled
+    np.testing.assert_allclose(np.asarray(same.flat), np.asarray(r.flat), rtol=1e-6)
+
+
 def test_poisson_calibration_regression_value():
     # the authors' setting N = T = 100, batch 10, ε = 3, δ = 1e-5 (TF-Privacy digits 1.798 with its orders)
     z = privacy.calibrate_meta_sgd(3.0, 1e-5, 100, 10, 100, "poisson")
