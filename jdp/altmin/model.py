@@ -394,7 +394,7 @@ SMALL_SOLVE_FEATURES = 3  # UserSolver: designs this narrow (rank 0 or 1 with bi
 def _small_user_solves(v, item, user, resid, lam, n_users):
     """Every user's ridge solution (Σ_i x_i x_iᵀ + λI)⁻¹ Σ_i r_i x_i for a narrow design x_i = v[item]: the Gram's
     f(f+1)/2 distinct entries as segment sums over the ratings, one batched f×f solve. No per-shape layout to
-    compile, and for f ≤ SMALL_SOLVE_FEATURES no more memory than the ratings' own f columns."""
+    compile; for f ≤ SMALL_SOLVE_FEATURES the products take at most 6 values per rating."""
     f = v.shape[1]
     rows, cols = np.triu_indices(f)
     x = v[item]
