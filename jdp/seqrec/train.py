@@ -417,7 +417,7 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
         # the noisy update compiles as soon as σ is known, beside the state's allocation and the steps below
         state_shape = jax.eval_shape(dp.init, params, k_noise)
         apply_ready = pool.submit(_precompile, apply, state_shape, state_shape.params)
-        state = dp.init(params, k_noise)
+        state = jax.jit(dp.init)(params, k_noise)  # one program, not an eager op per leaf
     else:  # NON-PRIVATE reference: plain gradient sums, the same sampling, schedule and optimiser
         state, accumulate, apply = _nonprivate_step(loss_fn, opt, params, cfg.batch_size, cfg.batch_chunk)
         apply_ready = pool.submit(_precompile, apply, state, state.params)
