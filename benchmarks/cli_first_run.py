@@ -203,7 +203,9 @@ def render() -> None:
               "9.4-10.3 (3 pairs); meta 13.3 → 10.8 (one run each). seqrec is unchanged by these. The table's previous "
               "run (2026-11-25, commit 3a025d8, one round, a host about 1.4× faster than this one, whose select run "
               "took 2.6 s against 4.3 s here) had every first run at ≤ 10 s: 8.7 / 5.8 / 9.4 / 2.6 / 7.2 / 7.5 s in "
-              "the table's order; on today's host seqrec (12.6 s) missed the target, and meta (10.6 s) until 967da98 (the "
+              "the table's order; on today's host seqrec missed the target (12.6 s at 389ffc0; 10.8 s at 3e4bf98, whose "
+              "DP-SGD state is allocated by one compiled program instead of an eager op per leaf that competed with "
+              "the first step's compilation: 13.5 → 12.2 s mean over 3 interleaved pairs), and meta (10.6 s) until 967da98 (the "
               "report's replace-one ε accounted beside the evaluation, 13.7 → 10.4 s against b0925dc) and 8fd8e47 "
               "(the training program compiled beside the calibration, 10.8 → 9.9 s against 967da98; 3 interleaved "
               "pairs each, cache off): its row is re-measured at 8fd8e47.", ""]
