@@ -102,9 +102,7 @@ def _log_cdf_pdf(y: np.ndarray, q: np.ndarray, b: np.ndarray, noise: str) -> tup
     """log F_j(y) and f_j(y) for all nodes × candidates: [..., N, k]."""
     bb = b[..., None, :]
     if noise == "laplace":  # in place: these arrays are the quadrature's memory traffic
-        x = y[..., :, None] - q[..., None, :]
-        x /= bb
-        half_tail = _laplace_half_tail(x)  # ½e^{−|x|}: the pdf's numerator and the smaller tail's mass
+        x, half_tail = _laplace_standardised(y, q, b)
         below = x < 0
         logf = np.add(x, np.log(0.5))  # log(½e^{x}) = log ½ + x below q_j, finite however negative x is
         np.negative(half_tail, out=x)
@@ -125,25 +123,25 @@ def _log_cdf_pdf(y: np.ndarray, q: np.ndarray, b: np.ndarray, noise: str) -> tup
     return logf, pdf
 
 
-def _laplace_half_tail(x: np.ndarray) -> np.ndarray:
-    """½·e^{−|x|}, one exp per entry (the quadratures' cost is these transcendental calls)."""
+def _laplace_standardised(y: np.ndarray, q: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x = (y − q_j)/b_j and ½e^{−|x|} (the pdf's numerator and the smaller tail's mass) for all nodes ×
+    candidates [..., N, k], with one exp per entry (the quadratures' cost is these transcendental calls)."""
+    x = y[..., :, None] - q[..., None, :]
+    x /= b[..., None, :]
     half_tail = np.abs(x)
     np.negative(half_tail, out=half_tail)
     np.exp(half_tail, out=half_tail)
     half_tail *= 0.5
-    return half_tail
+    return x, half_tail
 
 
 def _laplace_cdf_pdf(y: np.ndarray, q: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """F_j(y) and f_j(y) of Laplace(q_j, b_j) for all nodes × candidates: [..., N, k] (no log: random stopping
     needs the CDF itself)."""
-    bb = b[..., None, :]
-    x = y[..., :, None] - q[..., None, :]
-    x /= bb
-    half_tail = _laplace_half_tail(x)
+    x, half_tail = _laplace_standardised(y, q, b)
     cdf = 1.0 - half_tail
     np.copyto(cdf, half_tail, where=x < 0)
-    half_tail /= bb
+    half_tail /= b[..., None, :]
     return cdf, half_tail
 
 
