@@ -88,6 +88,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tune", choices=["none", "private"], default="none",
                    help="private: choose the item ridge / budget from a small public grid with a DP selection on the "
                         "validation ratings; the report covers every candidate run and the choice")
+    p.add_argument("--item-bias-mean", choices=["zero", "popularity"], default=None,
+                   help="SSP methods: centre of the item-bias prior, 0 or a line in the released log count fitted to "
+                        "the well-resolved items (post-processing of the same release; default: the config's)")
     p.add_argument("--n-shards", type=int, default=0, help="devices for the item update (0 = all local devices)")
     p.add_argument("--synthetic-size", type=int, nargs=3, metavar=("USERS", "ITEMS", "RATINGS"),
                    default=(20_000, 2_000, 1_000_000))
@@ -117,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = AltMinConfig(method=args.method, epsilon=args.epsilon if private else None,
                        delta=args.delta, mu=args.mu, dim=args.dim, steps=args.steps, budget=args.budget,
                        ratings_per_user=args.ratings_per_user, rating_range=rating_range, n_shards=args.n_shards or None,
-                       merge_duplicates=args.merge_duplicates)
+                       merge_duplicates=args.merge_duplicates,
+                       **({"item_bias_mean": args.item_bias_mean} if args.item_bias_mean else {}))
     if args.tune == "private" and not private:
         raise ValueError("--tune private tunes a private method; 'als' is the non-private reference")
     row = rating_experiment(data, cfg, seed=noise_seed(args), split_seed=args.data_seed,

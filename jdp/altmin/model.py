@@ -115,6 +115,7 @@ def _bias_priors(cfg: "AltMinConfig") -> tuple[float, float]:
 
 TUNE_SPLIT_SEED = 0  # fit(tune="private") without valid: the train/valid split (public randomness, never noise)
 COUNT_UCB = 2.0  # item_step_sizes: an item's count is at most its released count + 2 noise stds (no overshoot)
+POPULARITY_MIN_LOG_RANGE = 1.0  # item_bias_prior_mean: the resolved counts must span a factor e to fit a slope
 MIN_DIRECTION_SNR = 4.0  # default_dim: below this signal-to-noise ratio of one direction, rank 0 (biases only)
 USERS_PER_BLOCK = 16384  # user solves run in blocks of this many users to bound memory (A is d×d per user)
 
@@ -172,6 +173,12 @@ class AltMinConfig:
                                          # 'als' (or no biases, or per-rating ridges): inf (the non-private
                                          # reference keeps its tuned model).
                                          # Training's own user solves keep a_u = 1 (the item update's features stay γ₀)
+    item_bias_mean: str = "popularity"   # SSP methods at rank 0: the centre of the empirical-Bayes item-bias prior.
+                                         # 'popularity' (`item_bias_prior_mean`): a line in the log count fitted to
+                                         # the well-resolved items of the same release (post-processing): rarely
+                                         # rated items are rated lower on real data, and the line's intercept takes
+                                         # up the offset the users' bias ridge leaves; 0 where it cannot be fitted.
+                                         # 'zero': 0. With factors (rank > 0) the prior is centred on 0 either way
     count_fraction: float = 0.12         # ε share that sets the noise of the private item counts
     count_release: bool | None = None    # ada-*, dpsgd-uniform: release the item counts (the weights n̂_i^(−μ); noisy
                                          # GD's per-item step caps). None: only when they are of use (`counts_useful`,
@@ -256,6 +263,8 @@ class AltMinConfig:
         check_positive(label_clip, "label_clip")
         label_norm = None  # only the private SSP update bounds label norms
         ssp = self.private and self.parsed_method.rule == RIDGE
+        if self.item_bias_mean not in ("zero", "popularity"):  # read by the private SSP methods' default ridge
+            raise ValueError(f"item_bias_mean must be 'zero' or 'popularity', got {self.item_bias_mean!r}")
         if self.label_norm is not None and not ssp:
             raise ValueError(f"label_norm bounds the labels of the private SSP item update (dpals-*, ada-dpals); "
                              f"method {self.method!r} has none")
@@ -726,6 +735,46 @@ def item_bias_prior(count: np.ndarray, label_sum: np.ndarray, cfg: AltMinConfig,
     return float(max(0.0, np.sum(w * (m**2 - v)) / np.sum(w)))
 
 
+def item_bias_prior_mean(count: np.ndarray, label_sum: np.ndarray, cfg: AltMinConfig, noise_multiplier: float,
+                         n_users: int) -> tuple[np.ndarray | None, float]:
+    """`item_bias_mean='popularity'`: an empirical-Bayes item-bias prior c_i ~ N(a + b·x_i, τ̂²) whose mean follows the
+    log count, from ONE item update's released bias statistics (post-processing, as `item_bias_prior`).
+
+    Over the well-resolved items (n̂_i ≥ 4 count noise stds and ≥ 10) the raw means m_i = b̂_i/(γ₀n̂_i), of variance
+    v_i = s²/n̂_i + σ_b²/(γ₀n̂_i)², are regressed on log n̂_i by weighted least squares (weights 1/(v_i + τ̂²)), with τ̂²
+    the moment estimate around the line (as `item_bias_prior` around 0), alternated 5 times. Every item's prior mean
+    is the line at x_i = E[log n_i | n̂_i] (the count's posterior under the public scale-free prior up to
+    n_users·√k, at most the largest resolved log count), and at most τ̂ beyond the line's values over the resolved
+    items: below them the line is a guess. Returns (prior means in rating units [items], τ̂²), or (None, the
+    zero-centred τ̂² of `item_bias_prior`) when fewer than 3 items are resolved or their counts span less than a
+    factor e^POPULARITY_MIN_LOG_RANGE (small ε: a few of the most popular items, whose slope says nothing about
+    the rest of the catalogue)."""
+    clip_x, gy, k, g0 = cfg.item_feature_bound, cfg.label_bound, cfg.budget, cfg.bias_clip
+    s2, tau0 = _bias_priors(cfg)
+    count_noise = noise_multiplier * math.sqrt(k) * clip_x**2 / g0**2
+    sum_noise = noise_multiplier * math.sqrt(k) * clip_x * gy / g0
+    n_all = np.asarray(count, np.float64) / g0**2
+    ok = n_all >= max(10.0, 4 * count_noise)
+    if np.sum(ok) < 3:
+        return None, item_bias_prior(count, label_sum, cfg, noise_multiplier)
+    n_hat = n_all[ok]
+    if np.log(n_hat.max() / n_hat.min()) < POPULARITY_MIN_LOG_RANGE:  # no lever arm for a slope
+        return None, item_bias_prior(count, label_sum, cfg, noise_multiplier)
+    m = np.asarray(label_sum, np.float64)[ok] / g0 / n_hat
+    v = s2 / n_hat + (sum_noise / n_hat) ** 2
+    design = np.stack([np.ones_like(n_hat), np.log(n_hat)], 1)
+    tau2, moment_w = tau0, 1.0 / (v + tau0) ** 2
+    for _ in range(5):
+        w = 1.0 / (v + tau2)
+        coef = np.linalg.lstsq(design.T @ (w[:, None] * design), design.T @ (w * m), rcond=None)[0]
+        tau2 = float(max(0.0, np.sum(moment_w * ((m - design @ coef) ** 2 - v)) / np.sum(moment_w)))
+    x = np.asarray(count_posterior_mean(jnp.asarray(n_all, jnp.float32), count_noise, n_users * math.sqrt(k),
+                                        jnp.log), np.float64)
+    fitted = design @ coef
+    mean = coef[0] + coef[1] * np.minimum(x, np.log(n_hat.max()))
+    return np.clip(mean, fitted.min() - math.sqrt(tau2), fitted.max() + math.sqrt(tau2)), tau2
+
+
 def item_ridge(cfg: AltMinConfig, noise_multiplier: float, n_users: int,
                tau2: float | None = None) -> tuple[float, np.ndarray | None]:
     """Default (noise-aware) ridge of the private SSP item update, from public quantities and released values only:
@@ -1068,22 +1117,27 @@ class _RidgeItemUpdate:
             return _rows(theta, self.flat_index)[:, :-2]
         # empirical-Bayes prior from this release's bias statistics, then the same release (same key, same
         # noise) solved again with it: post-processing. The ridge carries over to the next step's first solve.
-        tau2 = item_bias_prior(stats[:, 0], stats[:, 1], self.cfg, self.sigma)
+        if self.cfg.item_bias_mean == "popularity" and self.cfg.dim == 0:
+            mean, tau2 = item_bias_prior_mean(stats[:, 0], stats[:, 1], self.cfg, self.sigma, self.n_users)
+        else:
+            mean, tau2 = None, item_bias_prior(stats[:, 0], stats[:, 1], self.cfg, self.sigma)
         if self.cfg.dim > 0:  # one scalar ridge per item also shrinks its factors: never below the public prior's
             tau2 = max(tau2, _bias_priors(self.cfg)[1])
         self.lam, self.count_ridge = item_ridge(self.cfg, self.sigma, self.n_users, tau2)
-        theta = self._solve(feats, classes, key)
+        theta = self._solve(feats, classes, key, None if mean is None else mean / self.cfg.bias_clip)
         self.timings.setdefault("item_bias_prior_std", []).append(math.sqrt(tau2))
+        if mean is not None:
+            self.timings.setdefault("item_bias_prior_mean_range", []).append([float(mean.min()), float(mean.max())])
         return _rows(theta, self.flat_index)[:, :-2]  # without the two statistics columns
 
     @property
     def _with_stats(self) -> bool:
         return self.empirical_bayes or self.gram_key is not None
 
-    def _solve(self, feats: jax.Array, classes, key: jax.Array) -> jax.Array:
+    def _solve(self, feats: jax.Array, classes, key: jax.Array, prior_last: np.ndarray | None = None) -> jax.Array:
         return solve_tasks(feats, classes, self.class_tasks, self.stack_index, key, self.std_a, self.std_b, self.lam,
                            mesh=self.mesh, noisy=self.cfg.private, count_ridge=self.count_ridge,
-                           bias_stats=self._with_stats, gram_key=self.gram_key)
+                           bias_stats=self._with_stats, gram_key=self.gram_key, prior_last=prior_last)
 
 
 class _NoisyGDItemUpdate:

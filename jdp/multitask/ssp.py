@@ -182,28 +182,36 @@ def ridge_solve(a, b, lam, adaptive: bool = False, lapack: bool = True):
     return _cho_solve_jnp(l, b)
 
 
-def _solve_shard(feats, classes, class_tasks, stack_index, key, gram_key, std_a, std_b, lam, count_ridge, noisy, lapack,
-                 stats):
+def _solve_shard(feats, classes, class_tasks, stack_index, key, gram_key, std_a, std_b, lam, count_ridge, prior_last,
+                 noisy, lapack, stats):
     """Gram (+ noise) + ridge solve for one shard's tasks -> θ [block, d] (+ 2 columns Â_i[-1, -1], b̂_i[-1] if stats).
     The class Grams are stacked as they come (class by class) and solved in that order by ONE batched solve
     (independent LAPACK calls in one program can deadlock XLA's CPU thread pool); only the solutions are put
     back in slot order. The noise of a task is keyed by its global id."""
     grams = [gram.class_gram(feats, *cl) for cl in classes]
     a, b = jnp.concatenate([g[0] for g in grams]), jnp.concatenate([g[1] for g in grams])
+    tasks = jnp.concatenate(class_tasks)
     if noisy:
-        na, nb = keyed_gram_noise(key, jnp.concatenate(class_tasks), feats.shape[1], std_a, std_b, gram_key=gram_key)
+        na, nb = keyed_gram_noise(key, tasks, feats.shape[1], std_a, std_b, gram_key=gram_key)
         a, b = a + na, b + nb
-    theta = ridge_solve(a, b, _task_ridge(a, lam, count_ridge), adaptive=noisy, lapack=lapack)
+    if prior_last is None:
+        theta = ridge_solve(a, b, _task_ridge(a, lam, count_ridge), adaptive=noisy, lapack=lapack)
+    else:  # the ridge centred on t·e: solve for θ − t·e
+        t = prior_last[tasks]
+        theta = ridge_solve(a, b - t[:, None] * a[:, :, -1], _task_ridge(a, lam, count_ridge), adaptive=noisy,
+                            lapack=lapack)
+        theta = theta.at[:, -1].add(t)
     out = jnp.concatenate([theta, a[:, -1, -1, None], b[:, -1, None]], axis=1) if stats else theta
     return jnp.concatenate([out, jnp.zeros((1, out.shape[1]), out.dtype)])[stack_index]
 
 
-def _solve_blocks(feats, classes, class_tasks, stack_index, key, gram_key, std_a, std_b, lam, count_ridge, noisy, lapack,
-                  stats):
+def _solve_blocks(feats, classes, class_tasks, stack_index, key, gram_key, std_a, std_b, lam, count_ridge, prior_last,
+                  noisy, lapack, stats):
     """Shards one after another (lax.map over the leading axis) -> θ [S·block, d (+ 2)]."""
     def one(args):
         cls, ct, si = args
-        return _solve_shard(feats, cls, ct, si, key, gram_key, std_a, std_b, lam, count_ridge, noisy, lapack, stats)
+        return _solve_shard(feats, cls, ct, si, key, gram_key, std_a, std_b, lam, count_ridge, prior_last, noisy,
+                            lapack, stats)
     out = jax.lax.map(one, (classes, class_tasks, stack_index))
     return out.reshape(-1, out.shape[-1])
 
@@ -211,7 +219,7 @@ def _solve_blocks(feats, classes, class_tasks, stack_index, key, gram_key, std_a
 def solve_tasks(feats: jax.Array, classes, class_tasks, stack_index: jax.Array, key: jax.Array,
                 std_a: float, std_b: float, lam: float, mesh: Mesh | None = None, noisy: bool = True,
                 count_ridge: jax.Array | None = None, bias_stats: bool = False,
-                gram_key: jax.Array | None = None) -> jax.Array:
+                gram_key: jax.Array | None = None, prior_last: jax.Array | None = None) -> jax.Array:
     """θ for every task slot [P·block, d] (index with `plan.flat_index`).
 
     feats [rows, d] is replicated; classes (`gram.device_arrays`), class_tasks (`gram.class_tasks`) and
@@ -231,10 +239,15 @@ def solve_tasks(feats: jax.Array, classes, class_tasks, stack_index: jax.Array, 
     to solves whose A is the same statistic (public constant features, fixed weights) releases that A ONCE
     (`ssp_releases(gram_count=1)`); the caller must make sure A is unchanged, e.g. by comparing the released
     Â columns (`bias_stats`) across solves.
+    `prior_last`: [n_tasks] prior means t_i of the LAST coordinate (the constant feature's: an item bias / γ₀):
+    task i's ridge then pulls θ toward t_i·e instead of 0, θ_i = t_i·e + (Â_i + ρ_i I)⁻¹(b̂_i − t_i·Â_i e), computed
+    from the same released Â_i, b̂_i (post-processing). None: 0.
     """
     if count_ridge is None:  # every task keeps lam
         count_ridge = jnp.asarray([0.0, 0.0, 0.0, 1.0, 0.0, 1.0], jnp.float32)
-    args = (feats, classes, class_tasks, stack_index, key, gram_key, std_a, std_b, lam, count_ridge)
+    if prior_last is not None:  # a 0 for the padding rows' task id n_tasks
+        prior_last = jnp.concatenate([jnp.ravel(jnp.asarray(prior_last, jnp.float32)), jnp.zeros(1, jnp.float32)])
+    args = (feats, classes, class_tasks, stack_index, key, gram_key, std_a, std_b, lam, count_ridge, prior_last)
     if mesh is None or isinstance(feats, jax.core.Tracer):
         return _solve_tasks(*args, mesh=mesh, noisy=noisy, stats=bias_stats)
     home = feats.sharding if isinstance(feats, jax.Array) else jax.devices()[0]
@@ -244,23 +257,25 @@ def solve_tasks(feats: jax.Array, classes, class_tasks, stack_index: jax.Array, 
 
 
 @functools.partial(jax.jit, static_argnames=("mesh", "noisy", "stats"))
-def _solve_tasks(feats, classes, class_tasks, stack_index, key, gram_key, std_a, std_b, lam, count_ridge, mesh, noisy,
-                 stats):
+def _solve_tasks(feats, classes, class_tasks, stack_index, key, gram_key, std_a, std_b, lam, count_ridge, prior_last,
+                 mesh, noisy, stats):
     args = (classes, class_tasks, stack_index)
     if mesh is None:
-        return _solve_blocks(feats, *args, key, gram_key, std_a, std_b, lam, count_ridge, noisy, True, stats)
+        return _solve_blocks(feats, *args, key, gram_key, std_a, std_b, lam, count_ridge, prior_last, noisy, True, stats)
     spec = PartitionSpec("tasks")
     lapack = mesh.devices.flat[0].platform != "cpu"  # see ridge_solve: LAPACK deadlocks on a CPU mesh
 
-    def body(feats, classes, class_tasks, stack_index, key, gram_key, std_a, std_b, lam, count_ridge):
+    def body(feats, classes, class_tasks, stack_index, key, gram_key, std_a, std_b, lam, count_ridge, prior_last):
         return _solve_blocks(feats, classes, class_tasks, stack_index, key, gram_key, std_a, std_b, lam, count_ridge,
-                             noisy, lapack, stats)
+                             prior_last, noisy, lapack, stats)
 
     rep = PartitionSpec()
     class_specs = tuple((spec, spec, spec) for _ in classes)
     task_specs = tuple(spec for _ in class_tasks)
-    return jax.shard_map(body, mesh=mesh, in_specs=(rep, class_specs, task_specs, spec, rep, rep, rep, rep, rep, rep),
-                         out_specs=spec, check_vma=False)(feats, *args, key, gram_key, std_a, std_b, lam, count_ridge)
+    return jax.shard_map(body, mesh=mesh,
+                         in_specs=(rep, class_specs, task_specs, spec, rep, rep, rep, rep, rep, rep, rep),
+                         out_specs=spec, check_vma=False)(feats, *args, key, gram_key, std_a, std_b, lam, count_ridge,
+                                                          prior_last)
 
 
 def task_mesh(n_shards: int | None = None) -> Mesh | None:

@@ -284,6 +284,41 @@ def test_empirical_bayes_item_bias_prior_tracks_the_item_effects():
     assert item_bias_prior(np.full(10, g0**2 * 1.0), np.zeros(10), cfg, sigma) == pytest.approx((cfg.label_clip / 4) ** 2)
 
 
+def test_popularity_prior_mean_follows_the_log_count_and_does_not_extrapolate_far():
+    """item_bias_mean='popularity': from released (count, label sum) statistics with item effects a + b·log n + N(0, τ²),
+    the prior means follow the line over the resolved items, τ̂ is the spread around it, and items whose counts are
+    not resolved get the line at their posterior log count, at most τ̂ below the resolved items' values. Fewer than
+    3 resolved items: no line (None) and the zero-centred τ̂."""
+    from jdp.altmin.model import item_bias_prior, item_bias_prior_mean
+    cfg = AltMinConfig(method="ada-dpals", epsilon=1.0, dim=0, rating_range=(1.0, 5.0),
+                       item_bias_mean="popularity").resolve()
+    rng = np.random.default_rng(1)
+    sigma, k, g0, n_users = 0.05, cfg.budget, cfg.bias_clip, 10_000
+    count_noise = sigma * np.sqrt(k) * cfg.item_feature_bound**2 / g0**2
+    sum_noise = sigma * np.sqrt(k) * cfg.item_feature_bound * cfg.label_bound / g0
+    n = np.exp(rng.uniform(0, np.log(3000), 4000))
+    a, b, tau = -0.6, 0.15, 0.2
+    c = a + b * np.log(n) + rng.normal(0, tau, n.size)
+    label_sum = c * n + rng.normal(0, 1.0, n.size) * np.sqrt(n) + rng.normal(0, sum_noise, n.size)
+    count = g0**2 * (n + rng.normal(0, count_noise, n.size))
+    mean, tau2 = item_bias_prior_mean(count, g0 * label_sum, cfg, sigma, n_users)
+    resolved = count / g0**2 >= max(10.0, 4 * count_noise)
+    assert 0.3 < resolved.mean() < 0.9
+    assert np.sqrt(tau2) == pytest.approx(tau, abs=0.03)
+    line = a + b * np.log(n)
+    assert np.abs(mean[resolved] - line[resolved]).max() < 0.1
+    floor = mean[resolved].min() - np.sqrt(tau2)
+    assert mean.min() >= floor - 1e-9 and np.any(mean[~resolved] < mean[resolved].min())
+    assert item_bias_prior(count, g0 * label_sum, cfg, sigma) > tau**2  # around 0 the line's slope counts as spread
+    few = np.full(20, g0**2 * 2.0)  # no resolved item
+    narrow = g0**2 * rng.uniform(1000, 2000, 50)  # resolved, but over a factor 2 of counts only: no slope to fit
+    for stats in (few, narrow):
+        assert item_bias_prior_mean(stats, np.zeros(stats.size), cfg, sigma, n_users) == (
+            None, item_bias_prior(stats, np.zeros(stats.size), cfg, sigma))
+    with pytest.raises(ValueError, match="item_bias_mean"):
+        AltMinConfig(item_bias_mean="line").resolve()
+
+
 def test_tiny_epsilon_stays_at_the_zero_cost_model():
     """Graceful degradation at the worst ε: at ε = 0.05 the SSP methods' item biases must shrink to 0, so the model
     is no worse than the zero-cost one (prior + each user's own bias). A ridge that plugs the released noisy count in

@@ -132,6 +132,36 @@ def test_ssp_sharded_equals_unsharded_and_recovers_tasks():
     assert rep.releases[0].noise_scale == pytest.approx(0.5 * np.sqrt(10.0))
 
 
+def test_prior_mean_of_the_last_coordinate_centres_the_ridge_on_the_same_release():
+    """`prior_last`: exact statistics give (A + λI)θ = b + λ·t·e (e the constant last feature), on one device and
+    sharded over four; noisy ones keep the released (Â, b̂) columns bit for bit (post-processing of one release),
+    and t = 0 is the uncentred solve exactly."""
+    rng = np.random.default_rng(5)
+    m, rows, nnz, d, lam = 30, 400, 2500, 4, 2.0
+    task = (rng.zipf(1.4, nnz) - 1) % m
+    src = rng.integers(0, rows, nnz)
+    w, y = rng.random(nnz).astype(np.float32), rng.normal(size=nnz).astype(np.float32)
+    x = rng.normal(size=(rows, d)).astype(np.float32)
+    x[:, -1] = 0.7  # the constant feature γ₀
+    feats, t = jnp.asarray(x), rng.normal(size=m).astype(np.float32)
+    ref_a, ref_b = gram.segment_sum_gram(feats, jnp.asarray(task), jnp.asarray(src), jnp.asarray(w), jnp.asarray(y), m,
+                                         chunk=2048)
+    ref_a, ref_b = np.asarray(ref_a, np.float64), np.asarray(ref_b, np.float64)
+    e = np.eye(d)[-1]
+    ref = np.linalg.solve(ref_a + lam * np.eye(d), (ref_b + lam * t[:, None] * e)[..., None])[..., 0]
+    for shards, mesh in ((1, None), (4, ssp.task_mesh(4))):
+        plan = gram.build_plan(task, src, w, m, n_shards=shards)
+        classes, si = gram.device_arrays(plan, plan.slot_values(y))
+        args = (feats, classes, gram.class_tasks(plan), si, jax.random.key(0))
+        exact = np.asarray(ssp.solve_tasks(*args, 0.0, 0.0, lam, mesh=mesh, noisy=False, prior_last=t))[plan.flat_index]
+        np.testing.assert_allclose(exact, ref, rtol=1e-4, atol=1e-5)
+        noisy = {name: np.asarray(ssp.solve_tasks(*args, 0.5, 0.5, lam, mesh=mesh, bias_stats=True, prior_last=p)
+                                  )[plan.flat_index] for name, p in (("none", None), ("zero", np.zeros(m)), ("t", t))}
+        np.testing.assert_array_equal(noisy["zero"], noisy["none"])
+        np.testing.assert_array_equal(noisy["t"][:, -2:], noisy["none"][:, -2:])  # the same released statistics
+        assert np.abs(noisy["t"][:, -3] - noisy["none"][:, -3]).max() > 0.01  # the bias coordinate moved
+
+
 def test_ssp_rejects_bad_inputs():
     rng, task, user, x, y, m, n = _random_instance(0)
     ok = dict(beta=1.0, clip_x=1.0, clip_y=1.0, noise_multiplier=1.0, lam=1.0)

@@ -627,8 +627,8 @@ def test_rank0_gram_is_released_once_and_every_step_reuses_it(ratings, method):
     seen = []
     original = altmin_model._RidgeItemUpdate._solve
 
-    def spy(self, feats, classes, key):
-        out = original(self, feats, classes, key)
+    def spy(self, feats, classes, key, *prior):
+        out = original(self, feats, classes, key, *prior)
         seen.append(np.asarray(altmin_model._rows(out, self.flat_index))[:, -2:])
         return out
 
@@ -652,6 +652,40 @@ def test_rank0_gram_is_released_once_and_every_step_reuses_it(ratings, method):
     for c in counts[1:]:
         np.testing.assert_array_equal(c, counts[0])
     assert not np.allclose(seen[0][:, 1], seen[-1][:, 1])
+
+
+def test_popularity_prior_is_post_processing_of_the_same_release():
+    """item_bias_mean='popularity' (rank 0) reads only the item update's released (Â, b̂): the report is the zero
+    prior's, the first step releases bit for bit the same statistics (same key), and its re-solve with the fitted
+    prior mean reads the same release again (no second look at the ratings). With factors it changes nothing."""
+    from jdp.altmin import model as altmin_model
+    data = planted_powerlaw(seed=2, n_users=3000, n_items=80, nnz=40_000, rank=3).data
+    runs = {}
+    original = altmin_model._RidgeItemUpdate._solve
+    for mean in ("zero", "popularity"):
+        seen = []
+
+        def spy(self, feats, classes, key, prior_last=None):
+            out = original(self, feats, classes, key, prior_last)
+            seen.append((np.asarray(altmin_model._rows(out, self.flat_index))[:, -2:], prior_last is not None))
+            return out
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(altmin_model._RidgeItemUpdate, "_solve", spy)
+            model = fit(data, _cfg("ada-dpals", epsilon=4.0, dim=0, steps=2, item_bias_mean=mean), seed=0)
+        runs[mean] = (model, seen)
+    (zero, seen_zero), (pop, seen_pop) = runs["zero"], runs["popularity"]
+    assert "item_bias_prior_mean_range" in pop.timings and "item_bias_prior_mean_range" not in zero.timings
+    assert repr(pop.report.event()) == repr(zero.report.event()) and pop.noise_multiplier == zero.noise_multiplier
+    assert pop.report.epsilon() == zero.report.epsilon()
+    assert [p for _, p in seen_pop] == [False, True] * 2 and not any(p for _, p in seen_zero)
+    np.testing.assert_array_equal(seen_pop[0][0], seen_zero[0][0])  # step 1: the same released statistics
+    for step in range(2):  # each re-solve reads its step's release
+        np.testing.assert_array_equal(seen_pop[2 * step + 1][0], seen_pop[2 * step][0])
+    assert not np.allclose(pop.item_bias, zero.item_bias)
+    with_factors = [fit(data, _cfg("ada-dpals", epsilon=4.0, dim=2, steps=1, item_bias_mean=mean), seed=0)
+                    for mean in ("zero", "popularity")]
+    np.testing.assert_array_equal(with_factors[0].item_bias, with_factors[1].item_bias)
 
 
 def test_noisy_gd_adaptive_weights_read_released_counts_through_their_posterior(ratings):
