@@ -89,8 +89,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="private: choose the item ridge / budget from a small public grid with a DP selection on the "
                         "validation ratings; the report covers every candidate run and the choice")
     p.add_argument("--item-bias-mean", choices=["zero", "popularity"], default=None,
-                   help="SSP methods: centre of the item-bias prior, 0 or a line in the released log count fitted to "
-                        "the well-resolved items (post-processing of the same release; default: the config's)")
+                   help="SSP methods at rank 0: centre of the item-bias prior, a line in the released log count "
+                        "fitted to the well-resolved items (popularity, the default; post-processing of the same "
+                        "release) or 0")
     p.add_argument("--n-shards", type=int, default=0, help="devices for the item update (0 = all local devices)")
     p.add_argument("--synthetic-size", type=int, nargs=3, metavar=("USERS", "ITEMS", "RATINGS"),
                    default=(20_000, 2_000, 1_000_000))
