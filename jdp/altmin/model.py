@@ -711,6 +711,27 @@ def candidate_event(cfg: AltMinConfig, n_users: int, n_items: int) -> dp_account
     return plan_run(cfg, n_users, n_items).event()
 
 
+class _ResolvedItems(NamedTuple):
+    """The items of one release whose noisy counts are well resolved, for the empirical-Bayes item-bias priors."""
+    ok: np.ndarray           # [items] bool: n̂_i ≥ 4 count noise stds and ≥ 10
+    n_hat: np.ndarray        # their released counts n̂_i = Â_i[-1, -1]/γ₀²
+    mean: np.ndarray         # their raw means m_i = b̂_i[-1]/(γ₀n̂_i)
+    var: np.ndarray          # the raw means' sampling + noise variance v_i = s²/n̂_i + σ_b²/(γ₀n̂_i)²
+    count_noise: float       # the counts' noise std
+
+
+def _resolved_items(count, label_sum, cfg: AltMinConfig, noise_multiplier: float) -> _ResolvedItems:
+    clip_x, gy, k, g0 = cfg.item_feature_bound, cfg.label_bound, cfg.budget, cfg.bias_clip
+    s2 = _bias_priors(cfg)[0]
+    count_noise = noise_multiplier * math.sqrt(k) * clip_x**2 / g0**2
+    sum_noise = noise_multiplier * math.sqrt(k) * clip_x * gy / g0  # std of b̂_i[-1]/γ₀
+    n_all = np.asarray(count, np.float64) / g0**2
+    ok = n_all >= max(10.0, 4 * count_noise)
+    n_hat = n_all[ok]
+    return _ResolvedItems(ok, n_hat, np.asarray(label_sum, np.float64)[ok] / g0 / n_hat,
+                          s2 / n_hat + (sum_noise / n_hat) ** 2, count_noise)
+
+
 def item_bias_prior(count: np.ndarray, label_sum: np.ndarray, cfg: AltMinConfig, noise_multiplier: float) -> float:
     """Empirical-Bayes item-bias variance τ̂² from ONE item update's released bias statistics (post-processing):
     the released noisy counts n̂_i = Â_i[-1, -1]/γ₀² and label sums b̂_i[-1]/γ₀ give raw item means m_i = b̂/(γ₀n̂)
@@ -720,17 +741,10 @@ def item_bias_prior(count: np.ndarray, label_sum: np.ndarray, cfg: AltMinConfig,
     with strong item effects the shrinkage relaxes. Falls back to the public prior τ₀² when no item qualifies.
     `fit` uses τ̂² at rank 0 and max(τ̂², τ₀²) with factors (the per-item ridge is one scalar for all of the
     item's coordinates, so a tiny τ̂ would also wipe out its factors)."""
-    clip_x, gy, k, g0 = cfg.item_feature_bound, cfg.label_bound, cfg.budget, cfg.bias_clip
-    s2, tau0 = _bias_priors(cfg)
-    count_noise = noise_multiplier * math.sqrt(k) * clip_x**2 / g0**2
-    sum_noise = noise_multiplier * math.sqrt(k) * clip_x * gy / g0  # std of b̂_i[-1]/γ₀
-    n_hat = np.asarray(count, np.float64) / g0**2
-    ok = n_hat >= max(10.0, 4 * count_noise)
-    if not np.any(ok):
+    items, tau0 = _resolved_items(count, label_sum, cfg, noise_multiplier), _bias_priors(cfg)[1]
+    if not np.any(items.ok):
         return tau0
-    n_hat = n_hat[ok]
-    m = np.asarray(label_sum, np.float64)[ok] / g0 / n_hat
-    v = s2 / n_hat + (sum_noise / n_hat) ** 2
+    m, v = items.mean, items.var
     w = 1.0 / (v + tau0) ** 2
     return float(max(0.0, np.sum(w * (m**2 - v)) / np.sum(w)))
 
@@ -749,27 +763,19 @@ def item_bias_prior_mean(count: np.ndarray, label_sum: np.ndarray, cfg: AltMinCo
     zero-centred τ̂² of `item_bias_prior`) when fewer than 3 items are resolved or their counts span less than a
     factor e^POPULARITY_MIN_LOG_RANGE (small ε: a few of the most popular items, whose slope says nothing about
     the rest of the catalogue)."""
-    clip_x, gy, k, g0 = cfg.item_feature_bound, cfg.label_bound, cfg.budget, cfg.bias_clip
-    s2, tau0 = _bias_priors(cfg)
-    count_noise = noise_multiplier * math.sqrt(k) * clip_x**2 / g0**2
-    sum_noise = noise_multiplier * math.sqrt(k) * clip_x * gy / g0
-    n_all = np.asarray(count, np.float64) / g0**2
-    ok = n_all >= max(10.0, 4 * count_noise)
-    if np.sum(ok) < 3:
+    items, tau0 = _resolved_items(count, label_sum, cfg, noise_multiplier), _bias_priors(cfg)[1]
+    n_hat, m, v = items.n_hat, items.mean, items.var
+    if n_hat.size < 3 or np.log(n_hat.max() / n_hat.min()) < POPULARITY_MIN_LOG_RANGE:  # no lever arm for a slope
         return None, item_bias_prior(count, label_sum, cfg, noise_multiplier)
-    n_hat = n_all[ok]
-    if np.log(n_hat.max() / n_hat.min()) < POPULARITY_MIN_LOG_RANGE:  # no lever arm for a slope
-        return None, item_bias_prior(count, label_sum, cfg, noise_multiplier)
-    m = np.asarray(label_sum, np.float64)[ok] / g0 / n_hat
-    v = s2 / n_hat + (sum_noise / n_hat) ** 2
     design = np.stack([np.ones_like(n_hat), np.log(n_hat)], 1)
     tau2, moment_w = tau0, 1.0 / (v + tau0) ** 2
     for _ in range(5):
         w = 1.0 / (v + tau2)
         coef = np.linalg.lstsq(design.T @ (w[:, None] * design), design.T @ (w * m), rcond=None)[0]
         tau2 = float(max(0.0, np.sum(moment_w * ((m - design @ coef) ** 2 - v)) / np.sum(moment_w)))
-    x = np.asarray(count_posterior_mean(jnp.asarray(n_all, jnp.float32), count_noise, n_users * math.sqrt(k),
-                                        jnp.log), np.float64)
+    n_all = np.asarray(count, np.float64) / cfg.bias_clip**2
+    x = np.asarray(count_posterior_mean(jnp.asarray(n_all, jnp.float32), items.count_noise,
+                                        n_users * math.sqrt(cfg.budget), jnp.log), np.float64)
     fitted = design @ coef
     mean = coef[0] + coef[1] * np.minimum(x, np.log(n_hat.max()))
     return np.clip(mean, fitted.min() - math.sqrt(tau2), fitted.max() + math.sqrt(tau2)), tau2
