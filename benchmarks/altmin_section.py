@@ -190,7 +190,17 @@ def _matmul_ceiling(r: dict) -> str:
                f"padding too (×{r['padding_factor']:.2f} rows)." if fast else "no class reaches 50%.")
             + " So the 50% target is out of reach of XLA's batched dot on this layout even with a free gather; a "
             "65×65 Gram per task is a small-output GEMM (2·L flops per output element), which the batched kernel runs "
-            "well only for long tasks (`batched_matmul_alone_by_class` in the JSON).")
+            "well only for long tasks (`batched_matmul_alone_by_class` in the JSON)." + _blas_peer(r))
+
+
+def _blas_peer(r: dict) -> str:
+    """The best peer kernel available here on the same pre-gathered classes: numpy's stacked matmul (BLAS)."""
+    if "numpy_batched_matmul_alone_seconds" not in r:
+        return ""
+    return (f" Nor does BLAS: numpy's stacked matmul ({r['numpy_blas']}, one GEMM per task) on the same pre-gathered "
+            f"classes takes {r['numpy_batched_matmul_alone_seconds']:.2f} s, "
+            f"{100 * r['numpy_batched_matmul_alone_fraction_of_numpy_dense']:.0f}% of numpy's own dense rate "
+            f"({r['numpy_dense_matmul_gflops']:.0f} GFLOP/s) in the same run (`numpy_matmul_gflops` per class).")
 
 
 # Measured text kept with the table (benchmarks/altmin_gram_cores.py and scratch variants; see the commits named)
@@ -386,9 +396,10 @@ def render() -> str:
                   "XLA's batched Cholesky and triangular solves cost ≈ 25 µs per 65×65 system and its batched "
                   "matmul runs on one core. The step time follows the machine more than the code: the same step code "
                   "(unchanged since f52fd17) took 9.1 s (Gram 22% of dense) at 8acd8a1 on a 2-core CPU whose dense "
-                  "rate was 309 GFLOP/s and 10.8 s (27%) on one at 192.5 GFLOP/s, so the ≤ 10 s target is met on some "
+                  "rate was 309 GFLOP/s, 10.8 s (27%) on one at 192.5 GFLOP/s and 9.5 s (31%) at 1d33403 on one at "
+                  "183 GFLOP/s (the run this table showed before), so the ≤ 10 s target is met on some "
                   "2-core machines only; the Gram's share of the dense rate, the machine-independent target, is missed "
-                  "on all three. Compile: the first step (tracing + XLA compilation of the user and item programs) "
+                  "on all four. Compile: the first step (tracing + XLA compilation of the user and item programs) "
                   "minus a steady one, once per fit. An earlier run (commit 3c53aa3, a 2-core CPU at 56 GFLOP/s: step "
                   "21.0 s, Gram 29%) is not comparable machine to machine either.", ""]
     solver, _ = _load("altmin_solver")

@@ -48,22 +48,42 @@ def dense_gflops(n=4096):
     return 2 * n**3 / timed(lambda: f(a)) / 1e9
 
 
-def batched_matmul_seconds(plan, d: int) -> tuple[float, list[dict]]:
+def batched_matmul_seconds(plan, d: int) -> tuple[float, float, list[dict]]:
     """The Gram's ceiling on this layout: XLA's batched matmul einsum('nld,nle->nde') ALONE (input already
     gathered and weighted, so no gather) over the plan's padded length classes, one scan batch per class timed
-    and scaled by the class's number of batches (as `gram.class_gram` runs it). Returns the total and, per class,
-    its row length, tasks, real rows and the batched matmul's rate on its padded rows."""
+    and scaled by the class's number of batches (as `gram.class_gram` runs it); beside it the peer, numpy's
+    stacked `matmul` (one BLAS GEMM per task) on the same batches. Returns XLA's total, numpy's total and, per
+    class, its row length, tasks, real rows and both rates on its padded rows."""
     mm = jax.jit(lambda x: jnp.einsum("nld,nle->nde", x, x))
-    total, per_class = 0.0, []
+    total, total_np, per_class = 0.0, 0.0, []
     for c in plan.classes:
         n, length = c.src.shape[1], c.src.shape[2]
         batch = min(n, max(1, gram.ROWS_PER_BATCH // length))
         x = jax.random.normal(jax.random.key(length), (batch, length, d), jnp.float32)
+        x_np = np.asarray(x)
+        x_np_t = np.ascontiguousarray(x_np.transpose(0, 2, 1))
         t = timed(lambda: mm(x))
+        t_np = timed(lambda: np.matmul(x_np_t, x_np))
         total += t * (n / batch)
+        total_np += t_np * (n / batch)
+        flops = 2 * batch * length * d * d
         per_class.append({"rows": int(length), "tasks": int((c.task < plan.n_tasks).sum()), "real_rows": int((c.obs >= 0).sum()),
-                          "matmul_gflops": 2 * batch * length * d * d / t / 1e9})
-    return total, per_class
+                          "matmul_gflops": flops / t / 1e9, "numpy_matmul_gflops": flops / t_np / 1e9})
+    return total, total_np, per_class
+
+
+def numpy_dense_gflops(n=4096):
+    a = np.asarray(jax.random.normal(jax.random.key(0), (n, n), jnp.float32))
+    return 2 * n**3 / timed(lambda: a @ a) / 1e9
+
+
+def _numpy_blas() -> str:
+    """The BLAS numpy calls (name and version), for the record."""
+    try:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        return f"{blas.get('name', '?')} {blas.get('version', '')}".strip()
+    except Exception:  # noqa: BLE001 - only a label
+        return "unknown"
 
 
 def simple_item_update(feats, classes, stack_index, global_task, key, std_a, std_b, lam):
@@ -107,6 +127,8 @@ def main():
     one_shard = tuple((s[0], q[0], y[0]) for s, q, y in classes)
     rows = []
     peak = dense_gflops()
+    peak_np = numpy_dense_gflops()
+    numpy_blas = _numpy_blas()
     print(f"dense matmul: {peak:.1f} GFLOP/s; item plan built in {plan_seconds:.1f}s, padding x{plan.padded_rows / data.nnz:.3f}")
     for d in args.dims:
         # item-update features as fit() builds them: [clip(u_j, 1), γ₀ = 1] (d + 1 columns)
@@ -117,7 +139,7 @@ def main():
         flops = 2 * data.nnz * (d + 1) ** 2
         gram_fn = jax.jit(lambda f: [gram.class_gram(f, *cl) for cl in one_shard])
         t_gram = timed(lambda: gram_fn(feats))
-        t_matmul, matmul_classes = batched_matmul_seconds(plan, d + 1)
+        t_matmul, t_matmul_np, matmul_classes = batched_matmul_seconds(plan, d + 1)
         # plain baseline on a prefix of the ratings
         nb = min(args.baseline_ratings, data.nnz)
         base = lambda: gram.segment_sum_gram(feats, jnp.asarray(data.item[:nb]), jnp.asarray(data.user[:nb]),  # noqa: E731
@@ -165,6 +187,10 @@ def main():
             "gram_seconds": t_gram, "gram_gflops": flops / t_gram / 1e9, "gram_fraction_of_dense": flops / t_gram / 1e9 / peak,
             "batched_matmul_alone_seconds": t_matmul, "batched_matmul_alone_fraction_of_dense": flops / t_matmul / 1e9 / peak,
             "batched_matmul_alone_by_class": matmul_classes,
+            # the peer: numpy's stacked matmul (BLAS) on the same pre-gathered classes, against numpy's own dense rate
+            "numpy_blas": numpy_blas, "numpy_dense_matmul_gflops": peak_np,
+            "numpy_batched_matmul_alone_seconds": t_matmul_np,
+            "numpy_batched_matmul_alone_fraction_of_numpy_dense": flops / t_matmul_np / 1e9 / peak_np,
             "segment_sum_ratings": nb, "segment_sum_seconds": t_base,
             "segment_sum_gflops": 2 * nb * (d + 1) ** 2 / t_base / 1e9,
             "segment_sum_fraction_of_dense": 2 * nb * (d + 1) ** 2 / t_base / 1e9 / peak,

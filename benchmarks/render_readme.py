@@ -49,9 +49,9 @@ SUMMARY = [
     ('altmin',
      'one AdaDPALS step at ML-20M scale, d = 64, 2-core CPU',
      'not in paper',
-     '9.5 s on a CPU at 183 GFLOP/s dense (9.1 s on one at 309, 10.8 s on one at 192; target ≤ 10 s); user '
-     'solves 5.9 s of it; Gram at 31% of dense matmul (target 50%; XLA\'s batched matmul alone over the same '
-     'classes 40%), 19× segment_sum; 7.2 s compile once',
+     '11.2 s on a CPU at 275 GFLOP/s dense (9.5 s on one at 183, 9.1 s at 309, 10.8 s at 192; target ≤ 10 s); user '
+     'solves 7.1 s of it; Gram at 18% of dense matmul (target 50%; XLA\'s batched matmul alone over the same '
+     'classes 27%, numpy\'s BLAS on them 26% of its own dense rate), 26× segment_sum; 9.6 s compile once',
      '—',
      'altmin'),
     ('data',
