@@ -440,16 +440,19 @@ def _intercepting(tapper: _Tapper):
 
 
 def _used_invars(closed_jaxpr) -> set:
+    """The variables the outputs depend on DIFFERENTIABLY: backward liveness from the outputs, where `stop_gradient`
+    passes nothing back (its derivative is zero) and an equation whose results are never read counts for nothing.
+    Conservative everywhere else: one live result (or any effect) makes every input of an equation live, nested
+    jaxprs included. So a parameter read only under stop_gradient (e.g. DPFormer's Re-Attention variances) or
+    only by dead code has gradient 0 there and can still be tapped at its layer's sites."""
     jaxpr = closed_jaxpr.jaxpr
-    used = set()
-    for eqn in jaxpr.eqns:
-        for v in eqn.invars:
-            if isinstance(v, jex_core.Var):
-                used.add(v)
-    for v in jaxpr.outvars:
-        if isinstance(v, jex_core.Var):
-            used.add(v)
-    return used
+    live = {v for v in jaxpr.outvars if isinstance(v, jex_core.Var)}
+    for eqn in reversed(jaxpr.eqns):
+        if eqn.primitive.name == "stop_gradient":
+            continue
+        if eqn.effects or any(isinstance(v, jex_core.Var) and v in live for v in eqn.outvars):
+            live.update(v for v in eqn.invars if isinstance(v, jex_core.Var))
+    return live
 
 
 _RANDOM_DRAWS = ("random_bits", "threefry2x32")

@@ -222,3 +222,37 @@ def test_scan_input_counts_under_both_jax_parameter_layouts():
     jaxpr = jax.make_jaxpr(lambda c, xs: jax.lax.scan(lambda h, x: (h * c + x, h), 0.0, xs))(2.0, jnp.ones(3))
     eqn = next(e for e in jaxpr.jaxpr.eqns if e.primitive.name == "scan")
     assert _scan_counts(eqn.params) == (1, 1)
+
+
+class _SideReads(nn.Module):
+    """Dense layers whose kernels are ALSO read outside the layer: `stop` under stop_gradient (like DPFormer's
+    Re-Attention variances), `dead` by code whose result is never used, `live` differentiably."""
+    side: str
+
+    @nn.compact
+    def __call__(self, x):
+        hidden = nn.Dense(8, name="hidden")
+        h = jnp.tanh(hidden(x))
+        w = hidden.variables["params"]["kernel"]
+        if self.side == "stop":
+            h = h - jax.lax.stop_gradient(jnp.sum((x * x) @ (w * w), axis=-1, keepdims=True))
+        elif self.side == "dead":
+            _ = jnp.sum((x * x) @ (w * w))
+        else:
+            h = h - jnp.sum((x * x) @ (w * w), axis=-1, keepdims=True)
+        return nn.Dense(3, name="out")(h)
+
+
+@pytest.mark.parametrize("side, tapped", [("stop", True), ("dead", True), ("live", False)])
+def test_a_kernel_read_only_under_stop_gradient_or_by_dead_code_is_tapped_and_exact(side, tapped):
+    # a read whose derivative is zero cannot change a per-example gradient, so the layer's site covers the kernel;
+    # a differentiable read outside the layer must send it to the exact fallback (else its norm would be missed)
+    model = _SideReads(side)
+    x = jax.random.normal(jax.random.PRNGKey(3), (6, 5))
+    batch = {"x": x, "y": jnp.array([0, 1, 2, 0, 1, 2])}
+    params, loss_fn, C = setup(model, batch, x, 4)
+    summary = jc.explain(loss_fn, params, batch)[-1]
+    assert (not any("hidden" in p for p in summary["fallback"])) == tapped, summary["fallback"]
+    ref_sum, ref_norms = reference(loss_fn, params, batch, C)
+    for method in ("auto", "ghost", "bk"):
+        check(run(loss_fn, params, batch, l2_clip=C, method=method), ref_sum, ref_norms)
