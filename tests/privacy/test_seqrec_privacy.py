@@ -223,3 +223,30 @@ def test_trainable_item_rows_come_from_released_counts_only():
     assert np.all(emb[frozen] == 0.0) and np.all(np.abs(emb[~frozen]).sum(axis=1) > 0)
     exact = data.item_presence(d.train_input, d.train_target, d.n_items)
     assert not np.array_equal(r.item_counts_released, exact)
+
+
+def test_dpformer_blocks_are_tapped_and_their_per_user_norms_are_exact():
+    """Re-Attention reads every block weight for its variance correction, under stop_gradient: that read has
+    derivative 0, so the blocks are tapped (not the vmap fallback) and the per-user norms that set the clip factors
+    must still be the exact ones (an underestimate would let a user move the sum by more than C)."""
+    import jax.numpy as jnp
+
+    from jdp import clipping as jc
+    from jdp.seqrec import models
+    model = models.make_model("dpformer", 40, 8, d=8, heads=2, blocks=2, dropout=0.5, activation="gelu")
+    reatt = {"w_var": jnp.float32(3e-3), "emb_var": jnp.linspace(1e-3, 1.0, 41)}
+    loss_fn = models.make_loss_fn(model, reatt)
+    params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
+    rng = np.random.default_rng(2)
+    inputs = rng.integers(1, 41, (6, 5)).astype(np.int32)
+    inputs[:2, :2] = 0  # left padding
+    batch = {"input": jnp.asarray(inputs), "target": jnp.asarray(rng.integers(1, 41, (6, 5)).astype(np.int32)),
+             "key": jax.random.split(jax.random.key(3), 6)}
+    plan = jc.explain(loss_fn, params, batch)[-1]
+    assert plan["fallback"] == [], plan["fallback"]
+    ref = jc.clipped_grad(loss_fn, params, batch, l2_clip=0.05, method="vmap")
+    for method in ("auto", "ghost"):
+        got = jc.clipped_grad(loss_fn, params, batch, l2_clip=0.05, method=method)
+        np.testing.assert_allclose(np.asarray(got.norms), np.asarray(ref.norms), rtol=1e-4)
+        diff = sum(float(jnp.sum((a - b) ** 2)) for a, b in zip(jax.tree.leaves(got.grad_sum), jax.tree.leaves(ref.grad_sum)))
+        assert math.sqrt(diff) <= 1e-4 * 0.05 * 6
