@@ -6,7 +6,8 @@ Example (Video.txt is downloaded on first use into --data-dir, default $JDP_DATA
 `--data synthetic` (planted next-item sequences, no download) is a quick first run: by default one
 Transformer block, no dropout, 2 epochs at batch 256, lr 3e-2, windows of the last 20 items (the planted rule is
 first-order) and one window length, so one compiled step shape.
-`--model transitions --k K`: no training, one release of item-to-item transitions (jdp.seqrec.transitions).
+`--model transitions --k K`: no training, one release of item-to-item transitions (jdp.seqrec.transitions);
+`--item-init transitions`: a Transformer whose item table starts from such a release (beyond the paper).
 `--epsilon 0` is not allowed; `--non-private` trains the explicitly non-private reference.
 Item vocabulary: `--vocabulary sasrec-exact` (default, the papers' protocol: exact item counts, stated
 in the report as an assumption NOT covered by ε), `public` (the `--item-catalogue` is the vocabulary) or
@@ -27,7 +28,7 @@ import numpy as np
 from jdp.cli import add_data_dir_arguments, add_seed_arguments, noise_seed
 from jdp.clipping.engine import METHODS as CLIPPING_METHODS
 from jdp.seqrec.models import MODELS, NORMS
-from jdp.seqrec.train import DEFAULT_WINDOWS, NEGATIVE_SAMPLERS, TrainConfig
+from jdp.seqrec.train import DEFAULT_WINDOWS, ITEM_INIT_EPSILON_SHARE, ITEM_INITS, NEGATIVE_SAMPLERS, TrainConfig
 
 
 def register(subparsers) -> None:
@@ -98,6 +99,15 @@ def register(subparsers) -> None:
     p.add_argument("--trainable-items", type=int, default=0,
                    help="train only the embedding rows of the K items with the largest public (--public-item-counts) "
                         "or released counts (a private run releases the item histogram for it); 0 = every row")
+    p.add_argument("--item-init", default="random", choices=list(ITEM_INITS),
+                   help="transitions (beyond the paper; dpformer / transformer): the item table starts from ONE release "
+                        "of item-to-item transitions (jdp.seqrec.transitions) in the same report, and the blocks' "
+                        "residual branches start at 0, so training starts from that release's scorer")
+    p.add_argument("--item-init-k", type=int, default=TrainConfig.item_init_k,
+                   help="--item-init transitions: candidate items of the release (a public choice)")
+    p.add_argument("--item-init-noise", type=float, default=None,
+                   help="--item-init transitions: the release's noise std (per-user Frobenius norm 1); default: the "
+                        f"item releases alone spend {ITEM_INIT_EPSILON_SHARE:g} of epsilon")
     p.add_argument("--length-buckets", default=None,
                    help="comma-separated shorter windows for short sequences (compute only; '' = none); default "
                         f"{','.join(map(str, DEFAULT_WINDOWS))} / none with --data synthetic (one compiled shape)")
@@ -214,6 +224,7 @@ def run(args: argparse.Namespace) -> int:
                       length_buckets=tuple(int(b) for b in buckets.split(",") if b.strip()),
                       n_users_public=args.n_users, negatives=args.negatives,
                       negative_sampler=args.negative_sampler, trainable_items=args.trainable_items,
+                      item_init=args.item_init, item_init_k=args.item_init_k, item_init_noise=args.item_init_noise,
                       # the quick run's one small chunk in one pass: ~1.5 s less tracing and compiling
                       batch_chunk=None if synthetic else TrainConfig.batch_chunk)
     public = None

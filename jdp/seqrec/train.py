@@ -40,6 +40,7 @@ from jdp.clipping import METHODS as CLIPPING_METHODS
 from jdp.clipping.dp_sgd import clipped_accumulate, dp_sgd, dp_sgd_event, poisson_indices
 from jdp.clipping.engine import check_batch_chunk, split_into_chunks
 from jdp.seqrec import reattention as ra
+from jdp.seqrec import transitions as tr
 from jdp.seqrec.data import SeqData, item_presence
 from jdp.seqrec.evaluate import baseline_metrics, evaluate, evaluation_shapes, make_rank_fn_reatt
 from jdp.seqrec.models import NORMS, check_item_dim, make_loss_fn, make_model
@@ -58,6 +59,13 @@ DEFAULT_WINDOWS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 4
 NONPRIVATE_CPU_ROWS = 128
 
 NEGATIVE_SAMPLERS = ("uniform", "popularity")
+ITEM_INITS = ("random", "transitions")
+# `item_init="transitions"`: the item rows outside the released candidates start at this fraction of their random
+# initialisation, so that at the start the candidates' released geometry, not random rows, decides the ranking
+ITEM_START_REST_SCALE = 0.05
+# item_init="transitions" without a declared noise: the item releases alone would spend this share of ε (a public
+# rule; under RDP composition the DP-SGD steps' σ then grows by ~10% at ε = 8, not by half)
+ITEM_INIT_EPSILON_SHARE = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +108,12 @@ class TrainConfig:
     negative_sampler: str = "uniform"  # "uniform" or "popularity" (public or released counts, see train)
     trainable_items: int = 0          # 0 = every item embedding row trains; K > 0 = only the K items with the
                                       # largest public or released counts (`frozen_item_rows`)
+    item_init: str = "random"         # "transitions" (beyond the paper): the tied item table starts from ONE
+                                      # release of item-to-item transitions (`start_from_item_table`)
+    item_init_k: int = 500            # its candidate items (a public choice, as `jdp.seqrec.transitions`' K)
+    item_init_noise: float | None = None  # its Gaussian noise std (per-user Frobenius norm 1), composed with
+                                      # DP-SGD; None: calibrated so that the item releases alone meet
+                                      # (ITEM_INIT_EPSILON_SHARE·ε, δ)
 
     def validate(self) -> None:
         if self.epsilon is not None:
@@ -119,6 +133,16 @@ class TrainConfig:
             raise ValueError(f"negatives must be >= 0, got {self.negatives}")
         if int(self.trainable_items) < 0:
             raise ValueError(f"trainable_items must be >= 0, got {self.trainable_items}")
+        if self.item_init not in ITEM_INITS:
+            raise ValueError(f"item_init must be one of {ITEM_INITS}, got {self.item_init!r}")
+        if self.item_init == "transitions":
+            if self.model not in ("dpformer", "transformer") or (self.item_dim or self.d) != self.d:
+                raise ValueError("item_init='transitions' needs a tied d-wide item table: model 'dpformer' or "
+                                 "'transformer' without item_dim")
+            if int(self.item_init_k) != self.item_init_k or self.item_init_k < 1:
+                raise ValueError(f"item_init_k must be a positive integer, got {self.item_init_k}")
+            if self.item_init_noise is not None:
+                check_positive(self.item_init_noise, "item_init_noise")
         if self.negative_sampler not in NEGATIVE_SAMPLERS:
             raise ValueError(f"negative_sampler must be one of {NEGATIVE_SAMPLERS}, got {self.negative_sampler!r}")
         if self.negatives and self.model == "transformer-untied":
@@ -168,15 +192,25 @@ def sampling_plan(data: SeqData, cfg: TrainConfig) -> tuple[int, float, int]:
     return N, cfg.batch_size / N, max(1, int(math.ceil(cfg.epochs * N / cfg.batch_size)))
 
 
+class PrivacySetup(NamedTuple):
+    report: accounting.PrivacyReport | None
+    noise_multiplier: float
+    item_counts: np.ndarray | None        # for Re-Attention / trainable rows: public or released
+    item_start: tr.TransitionModel | None  # item_init="transitions": the release the item table starts from
+
+
 def privacy_setup(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: np.ndarray | None = None
-                  ) -> tuple[accounting.PrivacyReport | None, float, np.ndarray | None]:
-    """(report, noise multiplier σ, item counts for Re-Attention) for a run of cfg; (None, 0, None)
-    when non-private. DPFormer: caller-declared public counts, else a Gaussian histogram release. The
-    data's vocabulary release (vocabulary='private') is composed into the same report and σ is
-    calibrated for the total; its assumptions (public / exact vocabulary) are stated in the report."""
+                  ) -> PrivacySetup:
+    """(report, noise multiplier σ, item counts for Re-Attention, item-table release) for a run of cfg; in a
+    NON-PRIVATE run (None, 0, None, the exact transitions or None). DPFormer: caller-declared public counts,
+    else a Gaussian histogram release. item_init="transitions": one release of item transitions
+    (`jdp.seqrec.transitions.release`, noise std cfg.item_init_noise). The data's vocabulary release
+    (vocabulary='private') and these are composed into the same report and σ is calibrated for the total;
+    the vocabulary's assumptions (public / exact vocabulary) are stated in the report."""
     cfg.validate()
+    start_key = jax.random.fold_in(key, 0x7472)  # the transition release's own noise stream
     if cfg.epsilon is None:
-        return None, 0.0, None
+        return PrivacySetup(None, 0.0, None, _item_start(data, cfg, start_key, None, public_item_counts))
     L, M = data.maxlen, data.n_items
     N, q, steps = sampling_plan(data, cfg)
     report = accounting.PrivacyReport(cfg.delta, unit="user", relation=accounting.ADD_OR_REMOVE_ONE)
@@ -198,12 +232,59 @@ def privacy_setup(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_c
         else:
             counts_rel = ra.private_item_counts(key, item_presence(data.train_input, data.train_target, M),
                                                 L + 1, cfg.hist_noise_multiplier, report)
+    start = _item_start(data, cfg, start_key, report, public_item_counts)
     fixed = [r.composed_event() for r in report.releases]
     sigma = accounting.calibrate(lambda s: dpe.ComposedDpEvent(fixed + [dp_sgd_event(s, q, steps)]),
                                  cfg.epsilon, cfg.delta, bracket=(0.05, 500.0))
     report.add("DP-SGD step (Poisson-sampled Gaussian)", dp_sgd_event(sigma, q, 1),
                sensitivity=cfg.l2_clip, noise_scale=sigma * cfg.l2_clip, count=steps)
-    return report, float(sigma), counts_rel
+    return PrivacySetup(report, float(sigma), counts_rel, start)
+
+
+def _item_start(data: SeqData, cfg: TrainConfig, key: jax.Array, report: accounting.PrivacyReport | None,
+                public_item_counts: np.ndarray | None) -> tr.TransitionModel | None:
+    """item_init="transitions": the transition release the item table starts from, added to `report` (exact
+    when report is None: the NON-PRIVATE reference); its candidates are the top item_init_k of its own
+    popularity release, or of the declared public counts."""
+    if cfg.item_init != "transitions":
+        return None
+    if cfg.item_init_k > data.n_items:
+        raise ValueError(f"item_init_k must be <= the number of items ({data.n_items}), got {cfg.item_init_k}")
+    noise_std = cfg.item_init_noise
+    if report is not None:
+        hist = [] if public_item_counts is not None else [accounting.gaussian_event(tr.HIST_NOISE_MULTIPLIER)]
+        if noise_std is None:
+            noise_std = accounting.calibrate(lambda s: dpe.ComposedDpEvent(hist + [accounting.gaussian_event(s)]),
+                                             ITEM_INIT_EPSILON_SHARE * cfg.epsilon, cfg.delta, bracket=(0.05, 500.0))
+        else:
+            spent = accounting.compute_epsilon(dpe.ComposedDpEvent(
+                [r.composed_event() for r in report.releases] + hist + [accounting.gaussian_event(noise_std)]),
+                cfg.delta)
+            if spent >= cfg.epsilon:
+                raise ValueError(f"the releases before DP-SGD (item table start: item_init_noise={noise_std:g}) "
+                                 f"already spend epsilon={spent:.3g} >= {cfg.epsilon:g}: raise item_init_noise "
+                                 "or epsilon")
+    return tr.release(data, cfg.item_init_k, key, report, noise_std, public_item_counts=public_item_counts)
+
+
+def start_from_item_table(params, rows: np.ndarray, items: np.ndarray, rest_scale: float = ITEM_START_REST_SCALE):
+    """Transformer parameters that start as the scorer of an item table (item_init="transitions"): the rows of
+    `items` set to `rows` [K, d], every other item row scaled by `rest_scale`, and each block's residual branch
+    switched off at first (attention output and second feed-forward kernels set to 0, biases already 0), so
+    the last item's row reaches the tied output through the residual stream and a user's scores start as
+    that row's inner products with the table; DP-SGD then trains everything from there. Post-processing."""
+    table = np.array(params["params"]["item_embed"]["embedding"], np.float32) * np.float32(rest_scale)
+    table[np.asarray(items)] = rows
+    table[0] = 0.0
+
+    def start(path, x):
+        names = tuple(getattr(k, "key", None) for k in path)
+        if names[-2:] == ("item_embed", "embedding"):
+            return jnp.asarray(table)
+        if names[-3:] == ("attn", "out", "kernel") or names[-2:] == ("fc2", "kernel"):
+            return jnp.zeros_like(x)
+        return x
+    return jax.tree_util.tree_map_with_path(start, params)
 
 
 def frozen_item_rows(counts: np.ndarray, trainable: int) -> np.ndarray:
@@ -341,7 +422,7 @@ def step_batches(data: SeqData, idx: np.ndarray, windows: np.ndarray, rows: int,
 def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: np.ndarray | None = None,
           checkpoint: str | pathlib.Path | None = None, checkpoint_every: int | None = None,
           progress: bool = True, evaluate_test: bool = True, max_steps: int | None = None,
-          max_seconds: float | None = None) -> TrainResult:
+          max_seconds: float | None = None, initial_params: Any | None = None) -> TrainResult:
     """Trains cfg.model with DP-SGD at (cfg.epsilon, cfg.delta) and evaluates on valid/test.
 
     Unit: user (one sequence); relation: add/remove one user. public_item_counts: caller-DECLARED
@@ -384,8 +465,12 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
         lowered = _lower_first_step(data, cfg, model, loss_fn, k_init, N, q, windows, k_sample, k_dropout)
         first_step_ready = pool.submit(lambda: [program.compile() for program in lowered])
     setup = pool.submit(privacy_setup, data, cfg, k_hist, public_item_counts)
-    report, sigma, counts_rel = setup.result()
+    report, sigma, counts_rel, item_start = setup.result()
     params = init.result()
+    if initial_params is not None:  # the caller's starting point (public, or post-processing of a release)
+        params = _check_initial_params(initial_params, params)
+    elif item_start is not None:
+        params = start_from_item_table(params, tr.item_embedding(item_start, cfg.d), item_start.items)
     frozen = None
     if cfg.trainable_items:  # post-processing of public / released counts (exact only in a NON-PRIVATE run)
         counts = (counts_rel if private else public_item_counts if public_item_counts is not None
@@ -550,6 +635,17 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     return TrainResult(params, metrics, report, float(sigma), steps, history, timings, reatt, counts_rel, baselines)
 
 
+def _check_initial_params(initial, reference):
+    """`initial` as float32 arrays, after checking it has `reference`'s tree structure and leaf shapes."""
+    if jax.tree_util.tree_structure(initial) != jax.tree_util.tree_structure(reference):
+        raise ValueError("initial_params must have the model's parameter structure (model.init's)")
+    pairs = zip(jax.tree_util.tree_flatten_with_path(initial)[0], jax.tree_util.tree_leaves(reference))
+    bad = [jax.tree_util.keystr(path) for (path, a), b in pairs if np.shape(a) != np.shape(b)]
+    if bad:
+        raise ValueError(f"initial_params: wrong shape at {', '.join(bad)}")
+    return jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float32), initial)
+
+
 def _reatt_inputs(w_var, emb_var) -> dict:
     """Re-Attention's released variances as the step's `aux` input (values, not constants of the program)."""
     return {"w_var": jnp.float32(w_var), "emb_var": jnp.asarray(emb_var, jnp.float32)}
@@ -631,5 +727,5 @@ def _nonprivate_step(loss_fn, opt, params, batch_size: float, batch_chunk: int |
     return _PlainState(params, tx.init(params), jnp.zeros((), jnp.int32)), accumulate, apply
 
 
-__all__ = ["DEFAULT_WINDOWS", "NEGATIVE_SAMPLERS", "TrainConfig", "TrainResult", "check_negatives", "dp_sgd_event",
-           "length_chunks", "lr_schedule", "negative_probs", "privacy_setup", "sample_negatives", "step_batches", "train"]
+__all__ = ["DEFAULT_WINDOWS", "ITEM_INITS", "NEGATIVE_SAMPLERS", "PrivacySetup", "TrainConfig", "TrainResult", "check_negatives", "dp_sgd_event",
+           "length_chunks", "lr_schedule", "negative_probs", "privacy_setup", "sample_negatives", "start_from_item_table", "step_batches", "train"]

@@ -26,6 +26,8 @@ from jdp.seqrec import data as D
 from jdp.seqrec.evaluate import ndcg_hit_from_ranks
 from jdp.validation import check_delta, check_epsilon, check_positive
 
+HIST_NOISE_MULTIPLIER = 4.0  # the popularity release's noise std (per-user norm 1): top few hundred items stand out
+
 
 def user_sequences(inputs: np.ndarray, targets: np.ndarray) -> list[np.ndarray]:
     """Each user's training sequence in time order: the input row without padding, then its last target."""
@@ -110,33 +112,45 @@ class TransitionModel:
 
 
 def fit(data: D.SeqData, epsilon: float | None, delta: float, k: int, key: jax.Array, *, history: int = 3,
-        hist_noise_multiplier: float = 4.0, public_item_counts: np.ndarray | None = None) -> TransitionModel:
+        hist_noise_multiplier: float = HIST_NOISE_MULTIPLIER, public_item_counts: np.ndarray | None = None) -> TransitionModel:
     """Releases the transition model of `data`'s training sequences at (ε, δ) in one report: the item histogram
     (unless `public_item_counts` are declared) and the [k, k] transition sums, whose noise is calibrated so
     that the composition meets (ε, δ). `epsilon=None`: the NON-PRIVATE reference (exact counts and sums).
     `key` seeds both noise draws: keep it secret."""
-    if int(k) != k or k < 1 or k > data.n_items:
-        raise ValueError(f"k must be an integer in [1, n_items={data.n_items}], got {k}")
-    if int(history) != history or history < 1:
-        raise ValueError(f"history must be a positive integer, got {history}")
-    k, history = int(k), int(history)
-    if public_item_counts is not None:
-        public_item_counts = np.asarray(public_item_counts, np.float64)
-        if public_item_counts.shape != (data.n_items + 1,) or not np.isfinite(public_item_counts).all():
-            raise ValueError(f"public_item_counts must be a finite array of shape ({data.n_items + 1},)")
-    seqs = user_sequences(data.train_input, data.train_target)
+    k, history, public_item_counts = _check(data, k, history, public_item_counts)
     if epsilon is None:
+        return release(data, k, key, None, None, history=history, public_item_counts=public_item_counts)
+    epsilon = check_epsilon(epsilon)
+    delta = check_delta(delta, num_units=data.n_users)
+    report = accounting.PrivacyReport(delta, unit="user", relation=accounting.ADD_OR_REMOVE_ONE)
+    for release_ in data.vocab_releases:
+        report.add_release(release_)
+    for text in data.vocab_assumptions:
+        report.assume(text)
+    fixed = [r.composed_event() for r in report.releases]
+    if public_item_counts is None:
+        fixed.append(accounting.gaussian_event(check_positive(hist_noise_multiplier, "hist_noise_multiplier")))
+    sigma = accounting.calibrate(lambda s: dpe.ComposedDpEvent(fixed + [accounting.gaussian_event(s)]),
+                                 epsilon, delta, bracket=(0.05, 500.0))
+    return release(data, k, key, report, sigma, history=history, hist_noise_multiplier=hist_noise_multiplier,
+                   public_item_counts=public_item_counts)
+
+
+def release(data: D.SeqData, k: int, key: jax.Array, report: accounting.PrivacyReport | None,
+            noise_std: float | None, *, history: int = 3, hist_noise_multiplier: float = HIST_NOISE_MULTIPLIER,
+            public_item_counts: np.ndarray | None = None) -> TransitionModel:
+    """The releases of `fit` at a GIVEN transition noise std (sensitivity 1), added to `report` (where the
+    caller composes them with its own releases, e.g. `jdp.seqrec.train`'s item-table start): the item
+    histogram at std `hist_noise_multiplier` unless `public_item_counts` are declared, then the [k, k]
+    transition sums between its top k items. `report=None`: the NON-PRIVATE reference (exact counts and sums)."""
+    k, history, public_item_counts = _check(data, k, history, public_item_counts)
+    seqs = user_sequences(data.train_input, data.train_target)
+    if report is None:
         counts = (D.item_presence(data.train_input, data.train_target, data.n_items) if public_item_counts is None
                   else public_item_counts)
         items = _top(counts, k)
         return TransitionModel(items, transition_sum(seqs, items, data.n_items), counts, history, 0.0, None)
-    epsilon = check_epsilon(epsilon)
-    delta = check_delta(delta, num_units=data.n_users)
-    report = accounting.PrivacyReport(delta, unit="user", relation=accounting.ADD_OR_REMOVE_ONE)
-    for release in data.vocab_releases:
-        report.add_release(release)
-    for text in data.vocab_assumptions:
-        report.assume(text)
+    sigma = check_positive(noise_std, "noise_std")
     k_hist, k_matrix = jax.random.split(key)
     if public_item_counts is not None:
         counts = public_item_counts
@@ -149,12 +163,38 @@ def fit(data: D.SeqData, epsilon: float | None, delta: float, k: int, key: jax.A
         counts = noise.gaussian_histogram(k_hist, normalized_presence(seqs, data.n_items), std)
         counts[0] = 0.0
     items = _top(counts, k)  # post-processing of the release (or of public counts)
-    fixed = [r.composed_event() for r in report.releases]
-    sigma = accounting.calibrate(lambda s: dpe.ComposedDpEvent(fixed + [accounting.gaussian_event(s)]),
-                                 epsilon, delta, bracket=(0.05, 500.0))
     report.add_gaussian("item transition sums (per-user Frobenius norm 1)", sensitivity=1.0, noise_std=sigma)
     noisy = noise.gaussian_histogram(k_matrix, transition_sum(seqs, items, data.n_items), sigma)  # float64
     return TransitionModel(items, noisy, counts, history, float(sigma), report)
+
+
+def item_embedding(model: TransitionModel, d: int) -> np.ndarray:
+    """[K, d] rows for `model.items` whose inner products approximate the symmetrised released transitions
+    (A + Aᵀ)/2: its eigenvectors of the d largest eigenvalues, each scaled by the square root of its
+    eigenvalue (0 where that is not positive), then all rows by one factor to an RMS norm of 1 (a random
+    embedding's). Items that follow each other get nearby rows; post-processing of the release."""
+    if int(d) != d or d < 1:
+        raise ValueError(f"d must be a positive integer, got {d}")
+    sym = (model.matrix + model.matrix.T) / 2.0
+    values, vectors = np.linalg.eigh(sym)
+    top = np.argsort(-values, kind="stable")[:int(d)]
+    rows = np.zeros((sym.shape[0], int(d)))
+    kept = np.where(values[top] > 1e-12 * np.abs(values).max(), values[top], 0.0)  # rounding noise is no signal
+    rows[:, :top.size] = vectors[:, top] * np.sqrt(kept)
+    rms = np.sqrt(np.mean(np.sum(rows ** 2, axis=1)))
+    return rows / rms if rms > 0 else rows
+
+
+def _check(data: D.SeqData, k, history, public_item_counts) -> tuple[int, int, np.ndarray | None]:
+    if int(k) != k or k < 1 or k > data.n_items:
+        raise ValueError(f"k must be an integer in [1, n_items={data.n_items}], got {k}")
+    if int(history) != history or history < 1:
+        raise ValueError(f"history must be a positive integer, got {history}")
+    if public_item_counts is not None:
+        public_item_counts = np.asarray(public_item_counts, np.float64)
+        if public_item_counts.shape != (data.n_items + 1,) or not np.isfinite(public_item_counts).all():
+            raise ValueError(f"public_item_counts must be a finite array of shape ({data.n_items + 1},)")
+    return int(k), int(history), public_item_counts
 
 
 def _top(counts: np.ndarray, k: int) -> np.ndarray:
@@ -164,4 +204,4 @@ def _top(counts: np.ndarray, k: int) -> np.ndarray:
     return np.sort(np.argsort(-c, kind="stable")[:k])
 
 
-__all__ = ["TransitionModel", "fit", "transition_sum", "user_sequences"]
+__all__ = ["HIST_NOISE_MULTIPLIER", "TransitionModel", "fit", "item_embedding", "release", "transition_sum", "user_sequences"]

@@ -1,4 +1,5 @@
 """Seq-rec preprocessing privacy (audit item 7): the item vocabulary is public, private or named exact."""
+import dataclasses
 import math
 
 import jax
@@ -92,7 +93,7 @@ def test_private_vocabulary_release_in_training_report(tmp_path):
     assert d.n_items <= 30 and len(d.vocab_releases) == 1
     assert d.vocab_releases[0].sensitivity == pytest.approx(math.sqrt(7))  # maxlen + 2 items per user
     cfg = train.TrainConfig(model="dpformer", epsilon=3.0, batch_size=16, epochs=2.0)
-    rep, sigma, _ = train.privacy_setup(d, cfg, jax.random.key(1))
+    rep, sigma, _, _ = train.privacy_setup(d, cfg, jax.random.key(1))
     names = [r.name for r in rep.releases]
     assert names[0].startswith("item vocabulary histogram") and len(names) == 3
     assert rep.epsilon() == pytest.approx(3.0, abs=1e-3)
@@ -100,7 +101,7 @@ def test_private_vocabulary_release_in_training_report(tmp_path):
     assert accounting.compute_epsilon(accounting.PrivacyReport(1e-5, releases=without).event(), 1e-5) < 2.99
     assert any("candidate items declared public" in a for a in rep.assumptions)
     d_exact = data.load("ml-1m", path=f, maxlen=5)
-    rep_x, _, _ = train.privacy_setup(d_exact, cfg, jax.random.key(1), public_item_counts=np.ones(d_exact.n_items + 1))
+    rep_x, _, _, _ = train.privacy_setup(d_exact, cfg, jax.random.key(1), public_item_counts=np.ones(d_exact.n_items + 1))
     assert data.EXACT_VOCAB_ASSUMPTION in rep_x.assumptions
     assert any("item counts (public_item_counts) declared public" in a for a in rep_x.assumptions)
     assert data.EXACT_VOCAB_ASSUMPTION in rep_x.to_dict()["assumptions"]
@@ -128,9 +129,9 @@ def test_declared_user_count_fixes_the_sampling_plan():
     assert sampling_plan(make(n_users), cfg) == sampling_plan(make(n_users + 1), cfg) == (100, 0.08, 25)
     with pytest.raises(ValueError, match="n_users_public"):
         sampling_plan(make(n_users), dc.replace(cfg, n_users_public=10))
-    report, _, _ = privacy_setup(make(n_users), dc.replace(cfg, n_users_public=None), jax.random.key(0))
+    report, _, _, _ = privacy_setup(make(n_users), dc.replace(cfg, n_users_public=None), jax.random.key(0))
     assert any("number of users N = 40 treated as public" in a for a in report.assumptions)
-    report, _, _ = privacy_setup(make(n_users), cfg, jax.random.key(0))
+    report, _, _, _ = privacy_setup(make(n_users), cfg, jax.random.key(0))
     assert not any("number of users" in a for a in report.assumptions)
 
 
@@ -252,3 +253,21 @@ def test_dpformer_blocks_are_tapped_and_their_per_user_norms_are_exact():
         np.testing.assert_allclose(np.asarray(got.norms), np.asarray(ref.norms), rtol=1e-4)
         diff = sum(float(jnp.sum((a - b) ** 2)) for a, b in zip(jax.tree.leaves(got.grad_sum), jax.tree.leaves(ref.grad_sum)))
         assert math.sqrt(diff) <= 1e-4 * 0.05 * 6
+
+
+def test_item_table_start_is_accounted_at_its_share_and_composed_into_epsilon():
+    """item_init="transitions": the popularity and transition releases the item table starts from are in the
+    run's report at sensitivity 1 (each user's vectors have norm 1: tests/privacy/test_seqrec_transitions_privacy),
+    alone they spend ITEM_INIT_EPSILON_SHARE of ε, and with the DP-SGD steps exactly ε."""
+    rng = np.random.default_rng(0)
+    seqs = [rng.integers(1, 31, rng.integers(2, 12)).astype(np.int32) for _ in range(300)]
+    d = data.leave_last_out(seqs, 30, 8)
+    cfg = train.TrainConfig(model="dpformer", epsilon=6.0, batch_size=32, epochs=3.0, item_init="transitions",
+                            item_init_k=10)
+    rep, sigma, _, start = train.privacy_setup(d, cfg, jax.random.key(0))
+    item = [r for r in rep.releases if r.name.startswith(("item popularity", "item transition"))]
+    assert [r.sensitivity for r in item] == [1.0, 1.0] and item[1].noise_scale == start.noise_multiplier
+    alone = accounting.PrivacyReport(cfg.delta, releases=item)
+    assert alone.epsilon() == pytest.approx(train.ITEM_INIT_EPSILON_SHARE * 6.0, rel=1e-3)
+    assert rep.epsilon() == pytest.approx(6.0, rel=1e-3)
+    assert train.privacy_setup(d, dataclasses.replace(cfg, item_init="random"), jax.random.key(0))[1] < sigma

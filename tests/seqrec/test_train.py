@@ -156,11 +156,11 @@ def test_private_dpformer_report_histogram_checkpoint(tmp_path):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
     # caller-declared public counts: no histogram release, the whole budget goes to DP-SGD
     pub = np.arange(d.n_items + 1, dtype=float)
-    rep3, sigma3, counts3 = train.privacy_setup(d, cfg, jax.random.key(0), public_item_counts=pub)
+    rep3, sigma3, counts3, _ = train.privacy_setup(d, cfg, jax.random.key(0), public_item_counts=pub)
     assert [rel.name for rel in rep3.releases] == names[1:]
     assert sigma3 < r.noise_multiplier
     np.testing.assert_array_equal(counts3, pub)
-    assert train.privacy_setup(d, dataclasses.replace(cfg, epsilon=None), jax.random.key(0)) == (None, 0.0, None)
+    assert train.privacy_setup(d, dataclasses.replace(cfg, epsilon=None), jax.random.key(0)) == (None, 0.0, None, None)
 
 
 def test_length_chunks_cover_every_user_once_in_a_window_that_fits():
@@ -250,6 +250,16 @@ def test_invalid_configs_raise():
             train.TrainConfig(model=model, item_dim=item_dim).validate()
     with pytest.raises(ValueError, match="public_item_counts"):
         train.train(d, train.TrainConfig(batch_size=8, epochs=0.1), jax.random.key(0), public_item_counts=np.ones(3))
+    for bad in ({"item_init": "svd"}, {"item_init": "transitions", "model": "gru"},
+                {"item_init": "transitions", "model": "transformer", "item_dim": 16},
+                {"item_init": "transitions", "item_init_k": 0}, {"item_init": "transitions", "item_init_noise": 0.0}):
+        with pytest.raises(ValueError, match="item_init"):
+            train.TrainConfig(**bad).validate()
+    with pytest.raises(ValueError, match="item_init_k"):
+        train.train(d, train.TrainConfig(batch_size=8, epochs=0.1, item_init="transitions", item_init_k=21),
+                    jax.random.key(0))
+    with pytest.raises(ValueError, match="initial_params"):
+        train.train(d, train.TrainConfig(batch_size=8, epochs=0.1), jax.random.key(0), initial_params={"params": {}})
     # sanity: the calibrated noise multiplier matches the accountant for the composed events
     ev = train.dp_sgd_event(1.0, 0.1, 100)
     assert accounting.compute_epsilon(ev, 1e-5) > 0
@@ -347,3 +357,43 @@ def test_first_step_compiles_while_sigma_is_calibrated_and_only_once(caplog):
     b = jc.dp_sgd(loss, optax.adam(1e-3), noise_multiplier=1.9, **kw)
     assert a.accumulate is b.accumulate is jc.clipped_accumulate(loss, 1.0)
     assert a.apply is not b.apply  # the noisy update does read σ
+
+
+def test_item_table_starts_from_the_transition_release_and_the_model_starts_as_its_scorer():
+    d = _toy(n_users=64)
+    cfg = train.TrainConfig(model="transformer", epsilon=4.0, batch_size=16, epochs=0.5, d=8, blocks=2, dropout=0.0,
+                            item_init="transitions", item_init_k=6, length_buckets=())
+    setup = train.privacy_setup(d, cfg, jax.random.key(2))
+    start = setup.item_start
+    assert start.items.size == 6 and start.noise_multiplier > 1.0  # calibrated: the item releases alone spend ε/2
+    with pytest.raises(ValueError, match="already spend"):
+        train.privacy_setup(d, dataclasses.replace(cfg, item_init_noise=1.0), jax.random.key(2))
+    model = models.make_model("transformer", d.n_items, d.maxlen, 8, 1, 2, 0.0)
+    params = model.init(jax.random.key(0), jnp.zeros((1, d.maxlen), jnp.int32))
+    rows = np.arange(48, dtype=np.float32).reshape(6, 8) / 48
+    began = train.start_from_item_table(params, rows, start.items)
+    table, before = np.asarray(began["params"]["item_embed"]["embedding"]), params["params"]["item_embed"]["embedding"]
+    np.testing.assert_array_equal(table[start.items], rows)
+    rest = np.setdiff1d(np.arange(1, d.n_items + 1), start.items)
+    np.testing.assert_allclose(table[rest], np.asarray(before)[rest] * train.ITEM_START_REST_SCALE, rtol=1e-6)
+    assert not table[0].any()
+    for b in ("block0", "block1"):  # residual branches off: each block passes its input through unchanged
+        assert not np.asarray(began["params"][b]["attn"]["out"]["kernel"]).any()
+        assert not np.asarray(began["params"][b]["fc2"]["kernel"]).any()
+    seq = jnp.asarray(d.valid_input[:4])
+    x = began["params"]["item_embed"]["embedding"][seq] * np.sqrt(8) + began["params"]["pos_embed"]["embedding"][None]
+    h = model.apply(began, seq)[:, -1]
+    ln = began["params"]["ln_f"]
+    z = x[:, -1] * (seq[:, -1:] > 0)
+    z = (z - z.mean(-1, keepdims=True)) / jnp.sqrt(z.var(-1, keepdims=True) + 1e-6) * ln["scale"] + ln["bias"]
+    np.testing.assert_allclose(np.asarray(h[:, 1:]), np.asarray(z @ began["params"]["item_embed"]["embedding"].T)[:, 1:],
+                               rtol=2e-4, atol=2e-5)
+    res = train.train(d, cfg, jax.random.key(2), progress=False, evaluate_test=False)
+    assert [r.name for r in res.privacy.releases][-3:] == ["item popularity (per-user norm 1)",
+                                                            "item transition sums (per-user Frobenius norm 1)",
+                                                            "DP-SGD step (Poisson-sampled Gaussian)"]
+    assert res.privacy.epsilon() == pytest.approx(4.0, rel=1e-3)
+    plain = train.privacy_setup(d, dataclasses.replace(cfg, item_init="random"), jax.random.key(2))
+    assert plain.noise_multiplier < res.noise_multiplier     # the release's share of ε is paid by DP-SGD's noise
+    exact = train.privacy_setup(d, dataclasses.replace(cfg, epsilon=None), jax.random.key(2)).item_start
+    assert exact.report is None and exact.noise_multiplier == 0.0  # the NON-PRIVATE reference: exact transitions

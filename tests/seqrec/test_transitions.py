@@ -79,3 +79,38 @@ def test_invalid_arguments_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
         T.fit(d, args["epsilon"], args["delta"], args["k"], jax.random.key(0), history=args["history"],
               public_item_counts=args["public_item_counts"])
+
+
+def test_release_at_a_given_noise_reports_both_releases_and_fit_is_release_at_the_calibrated_noise():
+    from jdp import accounting
+    d = D.load("synthetic", data_seed=1)
+    fitted = T.fit(d, 8.0, 1e-5, 40, jax.random.key(3))
+    report = accounting.PrivacyReport(1e-5, unit="user", relation=accounting.ADD_OR_REMOVE_ONE)
+    again = T.release(d, 40, jax.random.key(3), report, fitted.noise_multiplier)
+    np.testing.assert_array_equal(again.items, fitted.items)
+    np.testing.assert_array_equal(again.matrix, fitted.matrix)
+    assert [(r.name, r.noise_scale) for r in report.releases] == [
+        ("item popularity (per-user norm 1)", 4.0),
+        ("item transition sums (per-user Frobenius norm 1)", fitted.noise_multiplier)]
+    with pytest.raises(ValueError, match="noise_std"):
+        T.release(d, 40, jax.random.key(3), report, 0.0)
+
+
+def test_item_embedding_factorises_the_symmetrised_release():
+    rng = np.random.default_rng(0)
+    basis = rng.normal(size=(7, 3))
+    psd = basis @ basis.T
+    skew = rng.normal(size=(7, 7))
+    skew = skew - skew.T                                  # the antisymmetric part leaves the symmetrised matrix
+    model = T.TransitionModel(np.arange(1, 8), psd + skew, np.ones(8), 3, 0.0, None)
+    rows = T.item_embedding(model, 3)
+    assert rows.shape == (7, 3)
+    assert np.sqrt(np.mean(np.sum(rows ** 2, axis=1))) == pytest.approx(1.0)       # a random embedding's RMS norm
+    gram = rows @ rows.T
+    np.testing.assert_allclose(gram / gram[0, 0], psd / psd[0, 0], rtol=1e-9, atol=1e-9)
+    wide = T.item_embedding(model, 5)                     # only 3 positive eigenvalues: the other columns are 0
+    np.testing.assert_allclose(wide @ wide.T, gram, atol=1e-9)
+    negative = T.TransitionModel(np.arange(1, 8), -psd, np.ones(8), 3, 0.0, None)
+    assert not T.item_embedding(negative, 3).any()        # negative eigenvalues carry nothing
+    with pytest.raises(ValueError, match="d must be"):
+        T.item_embedding(model, 0)
