@@ -56,16 +56,11 @@ def candidate_data(data: D.SeqData, counts: np.ndarray, k: int, releases: tuple)
 
 
 def freeze_table_loss(make_loss_fn):
-    """make_loss_fn whose losses do not differentiate the item table (stop_gradient): the per-user gradients,
-    their clipping and the noise then cover the body only."""
+    """make_loss_fn whose losses do not differentiate the item table (`jdp.seqrec.train.freeze_item_table_loss`);
+    unlike TrainConfig(freeze_item_table=True) the optimizer still moves the table by the noise (the diagnostic
+    as it ran)."""
     def make(model, log_q=None):
-        loss = make_loss_fn(model, log_q=log_q)
-
-        def frozen(params, batch, reatt=None):
-            params = jax.tree_util.tree_map_with_path(
-                lambda p, x: jax.lax.stop_gradient(x) if T._is_item_embedding(p) else x, params)
-            return loss(params, batch, reatt)
-        return frozen
+        return T.freeze_item_table_loss(make_loss_fn(model, log_q=log_q))
     return make
 
 

@@ -382,6 +382,13 @@ class _Tapper:
         cand = (self._nnx_candidate if nnx_layer else self._linen_candidate)(mod, method, args, kwargs)
         if cand is None:
             return call()
+        if self.mode == "run" and (self.count >= len(self.sites) or self.sites[self.count].leaf_ids != cand.ids
+                                   or self.sites[self.count].method != method):
+            # not a site of the discovery trace: there every parameter was a tracer, so a parameter passed
+            # through stop_gradient (a new tracer) was no leaf; called eagerly, stop_gradient returns the
+            # concrete array itself and the layer would look like one. Run it as is (the count check at the
+            # end still catches layer calls that really changed)
+            return call()
         k = self.count
         self.count += 1
         x = args[0]

@@ -103,6 +103,9 @@ def register(subparsers) -> None:
                    help="transitions (beyond the paper; dpformer / transformer): the item table starts from ONE release "
                         "of item-to-item transitions (jdp.seqrec.transitions) in the same report, and the blocks' "
                         "residual branches start at 0, so training starts from that release's scorer")
+    p.add_argument("--freeze-item-table", action="store_true",
+                   help="the item table never trains (not differentiated; the noise drawn for it is discarded): with "
+                        "--item-init transitions it keeps the release and DP-SGD trains the rest of the model")
     p.add_argument("--item-init-k", type=int, default=TrainConfig.item_init_k,
                    help="--item-init transitions: candidate items of the release (a public choice)")
     p.add_argument("--item-init-noise", type=float, default=None,
@@ -224,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
                       length_buckets=tuple(int(b) for b in buckets.split(",") if b.strip()),
                       n_users_public=args.n_users, negatives=args.negatives,
                       negative_sampler=args.negative_sampler, trainable_items=args.trainable_items,
-                      item_init=args.item_init, item_init_k=args.item_init_k, item_init_noise=args.item_init_noise,
+                      item_init=args.item_init, item_init_k=args.item_init_k, freeze_item_table=args.freeze_item_table, item_init_noise=args.item_init_noise,
                       # the quick run's one small chunk in one pass: ~1.5 s less tracing and compiling
                       batch_chunk=None if synthetic else TrainConfig.batch_chunk)
     public = None

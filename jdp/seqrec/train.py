@@ -111,6 +111,8 @@ class TrainConfig:
     item_init: str = "random"         # "transitions" (beyond the paper): the tied item table starts from ONE
                                       # release of item-to-item transitions (`start_from_item_table`)
     item_init_k: int = 500            # its candidate items (a public choice, as `jdp.seqrec.transitions`' K)
+    freeze_item_table: bool = False   # the item table never trains (not differentiated, its noise discarded):
+                                      # with item_init="transitions" it keeps the release; DP-SGD trains the rest
     item_init_noise: float | None = None  # its Gaussian noise std (per-user Frobenius norm 1), composed with
                                       # DP-SGD; None: calibrated so that the item releases alone meet
                                       # (ITEM_INIT_EPSILON_SHARE·ε, δ)
@@ -312,6 +314,16 @@ def _is_item_embedding(path) -> bool:
     return names[-2:] == ["item_embed", "embedding"]
 
 
+def freeze_item_table_loss(loss_fn):
+    """`loss_fn` that does not differentiate the item table (stop_gradient): each user's gradient, its clipping
+    and the noise that reaches the model cover the other parameters only (cfg.freeze_item_table)."""
+    def frozen(params, batch, reatt=None):
+        params = jax.tree_util.tree_map_with_path(
+            lambda p, x: jax.lax.stop_gradient(x) if _is_item_embedding(p) else x, params)
+        return loss_fn(params, batch, reatt)
+    return frozen
+
+
 def zero_item_rows(params, frozen: np.ndarray):
     """params with the frozen item embedding rows set to 0: those items enter the model as content-free
     tokens and score 0 in the tied output."""
@@ -458,7 +470,10 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     init = pool.submit(jax.jit(model.init), k_init, jnp.zeros((1, L), jnp.int32))
     k_noise, k_sample, k_dropout = jax.random.split(k_train, 3)
     windows = np.array(sorted({int(b) for b in cfg.length_buckets if 0 < b < L} | {L}))
-    loss_fn = make_loss_fn(model)  # reatt: an input of the step (`aux`), not a constant
+    def make_loss(**kw):  # reatt: an input of the step (`aux`), not a constant
+        loss = make_loss_fn(model, **kw)
+        return freeze_item_table_loss(loss) if cfg.freeze_item_table else loss
+    loss_fn = make_loss()
     first_step_ready = None
     if private and not cfg.negatives and not (checkpoint is not None and pathlib.Path(checkpoint).exists()):
         # traced here, before the calibration starts: both are Python and would take turns on the GIL
@@ -477,6 +492,8 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
                   else item_presence(data.train_input, data.train_target, M))
         frozen = frozen_item_rows(counts, cfg.trainable_items)
         params = zero_item_rows(params, frozen)
+    if cfg.freeze_item_table:  # not differentiated (freeze_item_table_loss); the noise drawn for it is discarded
+        frozen = np.ones(M + 1, bool)
 
     neg_probs = log_q = None
     if cfg.negatives:
@@ -491,7 +508,7 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     if frozen is not None:
         opt = optax.chain(opt, freeze_item_rows(frozen))
     if log_q is not None:
-        loss_fn = make_loss_fn(model, log_q=log_q)
+        loss_fn = make_loss(log_q=log_q)
     if jnp.issubdtype(k_noise.dtype, jax.dtypes.prng_key):
         k_noise = jax.random.key_data(k_noise)  # raw key bits: the noise key is checkpointed in opt_state
     if private:
@@ -728,4 +745,4 @@ def _nonprivate_step(loss_fn, opt, params, batch_size: float, batch_chunk: int |
 
 
 __all__ = ["DEFAULT_WINDOWS", "ITEM_INITS", "NEGATIVE_SAMPLERS", "PrivacySetup", "TrainConfig", "TrainResult", "check_negatives", "dp_sgd_event",
-           "length_chunks", "lr_schedule", "negative_probs", "privacy_setup", "sample_negatives", "start_from_item_table", "step_batches", "train"]
+           "length_chunks", "lr_schedule", "negative_probs", "freeze_item_table_loss", "privacy_setup", "sample_negatives", "start_from_item_table", "step_batches", "train"]

@@ -256,3 +256,32 @@ def test_a_kernel_read_only_under_stop_gradient_or_by_dead_code_is_tapped_and_ex
     ref_sum, ref_norms = reference(loss_fn, params, batch, C)
     for method in ("auto", "ghost", "bk"):
         check(run(loss_fn, params, batch, l2_clip=C, method=method), ref_sum, ref_norms)
+
+
+class _TwoDense(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        a = nn.Dense(4, name="frozen")(x)
+        b = nn.Dense(4, name="trained")(x)
+        return jnp.sum(a * 2.0 + b ** 2, axis=-1)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_a_layer_whose_parameters_pass_through_stop_gradient_is_exact_eagerly_and_jitted(jit):
+    # eagerly, stop_gradient returns a concrete array itself: the layer then looks like a tapped layer in the
+    # run although the discovery trace (tracers) did not see it as one; it must run as is, not take the next
+    # layer's site (which broke the trace or, with matching shapes, could have mixed up two layers' inputs)
+    model = _TwoDense()
+    x = jax.random.normal(jax.random.PRNGKey(0), (6, 4))
+    params = model.init(jax.random.PRNGKey(1), x)
+
+    def loss_fn(p, batch):
+        p = {"params": {**p["params"], "frozen": jax.lax.stop_gradient(p["params"]["frozen"])}}
+        return model.apply(p, batch)
+
+    ref_sum, ref_norms = reference(loss_fn, params, x, 1.0)
+    for method in ("auto", "ghost"):
+        f = lambda p: jc.clipped_grad(loss_fn, p, x, l2_clip=1.0, method=method)  # noqa: E731
+        res = (jax.jit(f) if jit else f)(params)
+        check(res, ref_sum, ref_norms)
+        assert not np.asarray(res.grad_sum["params"]["frozen"]["kernel"]).any()

@@ -58,6 +58,22 @@ def test_library_clipping_on_dpformer_equals_naive_per_example_clipping(method, 
     _assert_equals_naive_clipping(models.make_loss_fn(model, reatt, deterministic=True), params, batch, method)
 
 
+@pytest.mark.parametrize("method", ["auto", "ghost"])
+def test_a_frozen_item_table_is_clipped_like_naive_per_example_clipping_and_gets_no_gradient(method):
+    # freeze_item_table: the tied table is read under stop_gradient by the input lookup and the output layer
+    d = _toy()
+    model = models.make_model("dpformer", d.n_items, d.maxlen, d=8, heads=1, blocks=1, dropout=0.0)
+    params = jax.jit(model.init)(jax.random.key(0), jnp.asarray(d.train_input[:2]))
+    reatt = {"w_var": 1e-4, "emb_var": jnp.full((d.n_items + 1,), 1e-2)}
+    batch = {"input": jnp.asarray(d.train_input[:8]), "target": jnp.asarray(d.train_target[:8]),
+             "key": jax.random.split(jax.random.key(1), 8)}
+    loss_fn = train.freeze_item_table_loss(models.make_loss_fn(model, reatt, deterministic=True))
+    _assert_equals_naive_clipping(loss_fn, params, batch, method)
+    res = clipped_grad(loss_fn, params, batch, l2_clip=0.05, method=method)
+    assert not np.asarray(res.grad_sum["params"]["item_embed"]["embedding"]).any()
+    assert jc.explain(loss_fn, params, batch)[-1]["fallback"] == []  # everything else is tapped
+
+
 def test_library_clipping_on_a_factorised_item_table_equals_naive_per_example_clipping():
     # item_dim < d: a [M+1, r] table read by the input lookup and the tied output, with r→d and d→r projections
     d = _toy()
