@@ -446,6 +446,9 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     run, whose noise was calibrated for all `steps`); resume later from the checkpoint.
     `max_seconds`: stop after the first step that ends this many seconds after the call began (same
     meaning as `max_steps`: a checkpoint is written, the model is evaluated where it stopped).
+    `initial_params`: parameters to start from instead of the model's random initialisation (checked against
+    its structure). Their values must be public or post-processing of releases in this run's report (e.g.
+    `data.vocab_releases`): the report does not cover anything else they were computed from.
     """
     cfg.validate()
     if max_seconds is not None:
