@@ -227,7 +227,8 @@ def run(args: argparse.Namespace) -> int:
                       length_buckets=tuple(int(b) for b in buckets.split(",") if b.strip()),
                       n_users_public=args.n_users, negatives=args.negatives,
                       negative_sampler=args.negative_sampler, trainable_items=args.trainable_items,
-                      item_init=args.item_init, item_init_k=args.item_init_k, freeze_item_table=args.freeze_item_table, item_init_noise=args.item_init_noise,
+                      item_init=args.item_init, item_init_k=args.item_init_k, item_init_noise=args.item_init_noise,
+                      freeze_item_table=args.freeze_item_table,
                       # the quick run's one small chunk in one pass: ~1.5 s less tracing and compiling
                       batch_chunk=None if synthetic else TrainConfig.batch_chunk)
     public = None

@@ -123,8 +123,8 @@ def fit(data: D.SeqData, epsilon: float | None, delta: float, k: int, key: jax.A
     epsilon = check_epsilon(epsilon)
     delta = check_delta(delta, num_units=data.n_users)
     report = accounting.PrivacyReport(delta, unit="user", relation=accounting.ADD_OR_REMOVE_ONE)
-    for release_ in data.vocab_releases:
-        report.add_release(release_)
+    for vocab_release in data.vocab_releases:
+        report.add_release(vocab_release)
     for text in data.vocab_assumptions:
         report.assume(text)
     fixed = [r.composed_event() for r in report.releases]
@@ -142,7 +142,8 @@ def release(data: D.SeqData, k: int, key: jax.Array, report: accounting.PrivacyR
     """The releases of `fit` at a GIVEN transition noise std (sensitivity 1), added to `report` (where the
     caller composes them with its own releases, e.g. `jdp.seqrec.train`'s item-table start): the item
     histogram at std `hist_noise_multiplier` unless `public_item_counts` are declared, then the [k, k]
-    transition sums between its top k items. `report=None`: the NON-PRIVATE reference (exact counts and sums)."""
+    transition sums between its top k items. `report=None`: the NON-PRIVATE reference (exact counts and sums).
+    Unit: a user; relation: add/remove one user (each release has L2 sensitivity 1, see the module doc)."""
     k, history, public_item_counts = _check(data, k, history, public_item_counts)
     seqs = user_sequences(data.train_input, data.train_target)
     if report is None:
