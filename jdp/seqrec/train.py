@@ -60,9 +60,6 @@ NONPRIVATE_CPU_ROWS = 128
 
 NEGATIVE_SAMPLERS = ("uniform", "popularity")
 ITEM_INITS = ("random", "transitions")
-# `item_init="transitions"`: the item rows outside the released candidates start at this fraction of their random
-# initialisation, so that at the start the candidates' released geometry, not random rows, decides the ranking
-ITEM_START_REST_SCALE = 0.05
 # item_init="transitions" without a declared noise: the item releases alone would spend this share of ε (a public
 # rule; under RDP composition the DP-SGD steps' σ then grows by ~10% at ε = 8, not by half)
 ITEM_INIT_EPSILON_SHARE = 0.5
@@ -138,9 +135,10 @@ class TrainConfig:
         if self.item_init not in ITEM_INITS:
             raise ValueError(f"item_init must be one of {ITEM_INITS}, got {self.item_init!r}")
         if self.item_init == "transitions":
-            if self.model not in ("dpformer", "transformer") or (self.item_dim or self.d) != self.d:
-                raise ValueError("item_init='transitions' needs a tied d-wide item table: model 'dpformer' or "
-                                 "'transformer' without item_dim")
+            if self.model not in ("dpformer", "transformer") or (self.item_dim or self.d) != self.d \
+                    or self.norm != "pre" or self.d < 2:
+                raise ValueError("item_init='transitions' needs a tied d-wide item table and a final LayerNorm: "
+                                 "model 'dpformer' or 'transformer' with norm='pre', d >= 2, without item_dim")
             if int(self.item_init_k) != self.item_init_k or self.item_init_k < 1:
                 raise ValueError(f"item_init_k must be a positive integer, got {self.item_init_k}")
             if self.item_init_noise is not None:
@@ -269,24 +267,42 @@ def _item_start(data: SeqData, cfg: TrainConfig, key: jax.Array, report: account
     return tr.release(data, cfg.item_init_k, key, report, noise_std, public_item_counts=public_item_counts)
 
 
-def start_from_item_table(params, rows: np.ndarray, items: np.ndarray, rest_scale: float = ITEM_START_REST_SCALE):
-    """Transformer parameters that start as the scorer of an item table (item_init="transitions"): the rows of
-    `items` set to `rows` [K, d], every other item row scaled by `rest_scale`, and each block's residual branch
-    switched off at first (attention output and second feed-forward kernels set to 0, biases already 0), so
-    the last item's row reaches the tied output through the residual stream and a user's scores start as
-    that row's inner products with the table; DP-SGD then trains everything from there. Post-processing."""
-    table = np.array(params["params"]["item_embed"]["embedding"], np.float32) * np.float32(rest_scale)
-    table[np.asarray(items)] = rows
-    table[0] = 0.0
+def start_from_item_table(params, release: tr.TransitionModel):
+    """Transformer parameters that start as a scorer of the item-transition `release` (item_init="transitions";
+    pre-LN models: the final LayerNorm carries the signs). At the start a user's scores at the last position are
 
-    def start(path, x):
+        score_j = Σ_k s_k · x̃_k · E_jk  +  log(c_j / c_min)      (j a candidate; 0 for every other item)
+
+    with E_j the candidate's row of `transitions.item_embedding(release, d - 1)`, s its signs, x̃ the last
+    item's row after the LayerNorm (0 for an item outside the candidates: its row starts at 0), and c the
+    release's (or public) item counts, c_min the smallest positive among the candidates: a user whose last item
+    is a candidate is scored by the release's signed geometry, any other user by popularity. Built as:
+    - item table: candidates' rows = [E_j, log(c_j / c_min)/√d], every other row 0;
+    - final LayerNorm: scale = [s, 0] (the prior column does not follow the input), bias = [0, √d];
+    - position embeddings and each block's residual branch (attention output and fc2 kernels) at 0, so the
+      last item's row reaches the output unchanged.
+    DP-SGD then trains everything from there. Post-processing of the release."""
+    d = int(np.shape(params["params"]["ln_f"]["scale"])[0])
+    emb = tr.item_embedding(release, d - 1)
+    counts = np.asarray(release.counts, np.float64)[release.items]
+    positive = counts[counts > 0]
+    c_min = positive.min() if positive.size else 1.0
+    prior = np.log(np.maximum(counts, c_min) / c_min)  # ≥ 0: every candidate starts above the other items
+    table = np.zeros(np.shape(params["params"]["item_embed"]["embedding"]), np.float32)
+    table[release.items] = np.concatenate([emb.rows, prior[:, None] / np.sqrt(d)], axis=1)
+    start = {("item_embed", "embedding"): table,
+             ("ln_f", "scale"): np.concatenate([emb.signs, [0.0]]).astype(np.float32),
+             ("ln_f", "bias"): np.concatenate([np.zeros(d - 1), [np.sqrt(d)]]).astype(np.float32)}
+
+    def begin(path, x):
         names = tuple(getattr(k, "key", None) for k in path)
-        if names[-2:] == ("item_embed", "embedding"):
-            return jnp.asarray(table)
-        if names[-3:] == ("attn", "out", "kernel") or names[-2:] == ("fc2", "kernel"):
+        if names[-2:] in start:
+            return jnp.asarray(start[names[-2:]])
+        if names[-2:] == ("pos_embed", "embedding") or names[-3:] == ("attn", "out", "kernel") \
+                or names[-2:] == ("fc2", "kernel"):
             return jnp.zeros_like(x)
         return x
-    return jax.tree_util.tree_map_with_path(start, params)
+    return jax.tree_util.tree_map_with_path(begin, params)
 
 
 def frozen_item_rows(counts: np.ndarray, trainable: int) -> np.ndarray:
@@ -488,7 +504,7 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     if initial_params is not None:  # the caller's starting point (public, or post-processing of a release)
         params = _check_initial_params(initial_params, params)
     elif item_start is not None:
-        params = start_from_item_table(params, tr.item_embedding(item_start, cfg.d), item_start.items)
+        params = start_from_item_table(params, item_start)
     frozen = None
     if cfg.trainable_items:  # post-processing of public / released counts (exact only in a NON-PRIVATE run)
         counts = (counts_rel if private else public_item_counts if public_item_counts is not None

@@ -16,6 +16,7 @@ It exists because DP-SGD on a 23,716-row item table learns little beyond popular
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import dp_accounting.dp_event as dpe
 import jax
@@ -169,21 +170,31 @@ def release(data: D.SeqData, k: int, key: jax.Array, report: accounting.PrivacyR
     return TransitionModel(items, noisy, counts, history, float(sigma), report)
 
 
-def item_embedding(model: TransitionModel, d: int) -> np.ndarray:
-    """[K, d] rows for `model.items` whose inner products approximate the symmetrised released transitions
-    (A + Aᵀ)/2: its eigenvectors of the d largest eigenvalues, each scaled by the square root of its
-    eigenvalue (0 where that is not positive), then all rows by one factor to an RMS norm of 1 (a random
-    embedding's). Items that follow each other get nearby rows; post-processing of the release."""
+class ItemEmbedding(NamedTuple):
+    """rows [K, d] and signs [d] (±1, 0 for an unused column) with rows · diag(signs) · rowsᵀ ∝ the best rank-d
+    approximation of the symmetrised release."""
+    rows: np.ndarray
+    signs: np.ndarray
+
+
+def item_embedding(model: TransitionModel, d: int) -> ItemEmbedding:
+    """Rows for `model.items` whose signed inner products approximate the symmetrised released transitions
+    (A + Aᵀ)/2: its eigenvectors of the d largest |eigenvalues|, each scaled by the square root of its |eigenvalue|
+    and signed by its sign (the negative part matters as much as the positive one: it says which items do NOT
+    follow each other), then all rows by one factor to an RMS norm of 1 (a random embedding's). Post-processing of
+    the release."""
     if int(d) != d or d < 1:
         raise ValueError(f"d must be a positive integer, got {d}")
     sym = (model.matrix + model.matrix.T) / 2.0
     values, vectors = np.linalg.eigh(sym)
-    top = np.argsort(-values, kind="stable")[:int(d)]
+    top = np.argsort(-np.abs(values), kind="stable")[:int(d)]
+    kept = np.where(np.abs(values[top]) > 1e-12 * np.abs(values).max(), values[top], 0.0)  # rounding noise is no signal
     rows = np.zeros((sym.shape[0], int(d)))
-    kept = np.where(values[top] > 1e-12 * np.abs(values).max(), values[top], 0.0)  # rounding noise is no signal
-    rows[:, :top.size] = vectors[:, top] * np.sqrt(kept)
+    signs = np.zeros(int(d))
+    rows[:, :top.size] = vectors[:, top] * np.sqrt(np.abs(kept))
+    signs[:top.size] = np.sign(kept)
     rms = np.sqrt(np.mean(np.sum(rows ** 2, axis=1)))
-    return rows / rms if rms > 0 else rows
+    return ItemEmbedding(rows / rms if rms > 0 else rows, signs)
 
 
 def _check(data: D.SeqData, k, history, public_item_counts) -> tuple[int, int, np.ndarray | None]:
@@ -205,4 +216,4 @@ def _top(counts: np.ndarray, k: int) -> np.ndarray:
     return np.sort(np.argsort(-c, kind="stable")[:k])
 
 
-__all__ = ["HIST_NOISE_MULTIPLIER", "TransitionModel", "fit", "item_embedding", "release", "transition_sum", "user_sequences"]
+__all__ = ["HIST_NOISE_MULTIPLIER", "ItemEmbedding", "TransitionModel", "fit", "item_embedding", "release", "transition_sum", "user_sequences"]

@@ -12,7 +12,7 @@ import pytest
 from jdp import clipping as jc
 
 from jdp import accounting
-from jdp.seqrec import data, models, train
+from jdp.seqrec import data, models, train, transitions
 from jdp.clipping import clipped_grad
 
 logging.getLogger("absl").setLevel(logging.ERROR)
@@ -268,6 +268,7 @@ def test_invalid_configs_raise():
         train.train(d, train.TrainConfig(batch_size=8, epochs=0.1), jax.random.key(0), public_item_counts=np.ones(3))
     for bad in ({"item_init": "svd"}, {"item_init": "transitions", "model": "gru"},
                 {"item_init": "transitions", "model": "transformer", "item_dim": 16},
+                {"item_init": "transitions", "model": "transformer", "norm": "post"},
                 {"item_init": "transitions", "item_init_k": 0}, {"item_init": "transitions", "item_init_noise": 0.0}):
         with pytest.raises(ValueError, match="item_init"):
             train.TrainConfig(**bad).validate()
@@ -386,24 +387,31 @@ def test_item_table_starts_from_the_transition_release_and_the_model_starts_as_i
         train.privacy_setup(d, dataclasses.replace(cfg, item_init_noise=1.0), jax.random.key(2))
     model = models.make_model("transformer", d.n_items, d.maxlen, 8, 1, 2, 0.0)
     params = model.init(jax.random.key(0), jnp.zeros((1, d.maxlen), jnp.int32))
-    rows = np.arange(48, dtype=np.float32).reshape(6, 8) / 48
-    began = train.start_from_item_table(params, rows, start.items)
-    table, before = np.asarray(began["params"]["item_embed"]["embedding"]), params["params"]["item_embed"]["embedding"]
-    np.testing.assert_array_equal(table[start.items], rows)
-    rest = np.setdiff1d(np.arange(1, d.n_items + 1), start.items)
-    np.testing.assert_allclose(table[rest], np.asarray(before)[rest] * train.ITEM_START_REST_SCALE, rtol=1e-6)
-    assert not table[0].any()
+    began = train.start_from_item_table(params, start)
+    table = np.asarray(began["params"]["item_embed"]["embedding"])
+    emb = transitions.item_embedding(start, 7)
+    np.testing.assert_allclose(table[start.items, :7], emb.rows, rtol=1e-6)
+    prior = table[start.items, 7] * np.sqrt(8)                    # log(c_j / c_min) ≥ 0, larger for more popular items
+    counts = start.counts[start.items]
+    assert prior.min() == pytest.approx(0.0, abs=1e-6) and np.all(np.diff(prior[np.argsort(counts)]) >= -1e-6)
+    rest = np.setdiff1d(np.arange(0, d.n_items + 1), start.items)
+    assert not table[rest].any()                                   # padding and the other items start at 0
+    ln = began["params"]["ln_f"]
+    np.testing.assert_array_equal(np.asarray(ln["scale"]), np.concatenate([emb.signs, [0.0]]))
+    np.testing.assert_allclose(np.asarray(ln["bias"]), np.concatenate([np.zeros(7), [np.sqrt(8)]]), rtol=1e-6)
+    assert not np.asarray(began["params"]["pos_embed"]["embedding"]).any()
     for b in ("block0", "block1"):  # residual branches off: each block passes its input through unchanged
         assert not np.asarray(began["params"][b]["attn"]["out"]["kernel"]).any()
         assert not np.asarray(began["params"][b]["fc2"]["kernel"]).any()
-    seq = jnp.asarray(d.valid_input[:4])
-    x = began["params"]["item_embed"]["embedding"][seq] * np.sqrt(8) + began["params"]["pos_embed"]["embedding"][None]
-    h = model.apply(began, seq)[:, -1]
-    ln = began["params"]["ln_f"]
-    z = x[:, -1] * (seq[:, -1:] > 0)
-    z = (z - z.mean(-1, keepdims=True)) / jnp.sqrt(z.var(-1, keepdims=True) + 1e-6) * ln["scale"] + ln["bias"]
-    np.testing.assert_allclose(np.asarray(h[:, 1:]), np.asarray(z @ began["params"]["item_embed"]["embedding"].T)[:, 1:],
-                               rtol=2e-4, atol=2e-5)
+    seq = np.zeros((2, d.maxlen), np.int32)
+    seq[:, -3:] = rest[1]
+    seq[0, -1] = start.items[2]                                    # last item a candidate
+    scores = np.asarray(model.apply(began, jnp.asarray(seq))[:, -1])
+    x = table[seq[0, -1]] * np.sqrt(8)
+    z = (x - x.mean()) / np.sqrt(x.var() + 1e-6) * np.asarray(ln["scale"]) + np.asarray(ln["bias"])
+    np.testing.assert_allclose(scores[0, 1:], (z @ table.T)[1:], rtol=2e-4, atol=2e-5)   # the release's geometry
+    np.testing.assert_allclose(scores[1, start.items], prior, rtol=1e-5, atol=1e-5)     # popularity only
+    assert not scores[1, rest[1:]].any()
     res = train.train(d, cfg, jax.random.key(2), progress=False, evaluate_test=False)
     assert [r.name for r in res.privacy.releases][-3:] == ["item popularity (per-user norm 1)",
                                                             "item transition sums (per-user Frobenius norm 1)",

@@ -96,21 +96,25 @@ def test_release_at_a_given_noise_reports_both_releases_and_fit_is_release_at_th
         T.release(d, 40, jax.random.key(3), report, 0.0)
 
 
-def test_item_embedding_factorises_the_symmetrised_release():
+def test_item_embedding_factorises_the_symmetrised_release_with_its_signs():
     rng = np.random.default_rng(0)
-    basis = rng.normal(size=(7, 3))
-    psd = basis @ basis.T
+    pos, neg = rng.normal(size=(7, 2)), rng.normal(size=(7, 2)) * 3.0
+    sym = pos @ pos.T - neg @ neg.T                        # indefinite, rank 4: 2 positive, 2 negative eigenvalues
     skew = rng.normal(size=(7, 7))
     skew = skew - skew.T                                  # the antisymmetric part leaves the symmetrised matrix
-    model = T.TransitionModel(np.arange(1, 8), psd + skew, np.ones(8), 3, 0.0, None)
-    rows = T.item_embedding(model, 3)
-    assert rows.shape == (7, 3)
-    assert np.sqrt(np.mean(np.sum(rows ** 2, axis=1))) == pytest.approx(1.0)       # a random embedding's RMS norm
-    gram = rows @ rows.T
-    np.testing.assert_allclose(gram / gram[0, 0], psd / psd[0, 0], rtol=1e-9, atol=1e-9)
-    wide = T.item_embedding(model, 5)                     # only 3 positive eigenvalues: the other columns are 0
-    np.testing.assert_allclose(wide @ wide.T, gram, atol=1e-9)
-    negative = T.TransitionModel(np.arange(1, 8), -psd, np.ones(8), 3, 0.0, None)
-    assert not T.item_embedding(negative, 3).any()        # negative eigenvalues carry nothing
+    model = T.TransitionModel(np.arange(1, 8), sym + skew, np.ones(8), 3, 0.0, None)
+    emb = T.item_embedding(model, 4)
+    assert emb.rows.shape == (7, 4) and sorted(emb.signs) == [-1, -1, 1, 1]
+    assert np.sqrt(np.mean(np.sum(emb.rows ** 2, axis=1))) == pytest.approx(1.0)   # a random embedding's RMS norm
+    gram = emb.rows * emb.signs @ emb.rows.T
+    np.testing.assert_allclose(gram / np.abs(gram).max(), sym / np.abs(sym).max(), rtol=1e-9, atol=1e-9)
+    wide = T.item_embedding(model, 6)                     # rank 4: the other columns are 0 and unsigned
+    assert not wide.rows[:, 4:].any() and not wide.signs[4:].any()
+    np.testing.assert_allclose(wide.rows * wide.signs @ wide.rows.T, gram, atol=1e-9)
+    top = T.item_embedding(model, 2)                      # the largest |eigenvalues|: here the negative ones
+    assert list(top.signs) == [-1, -1]
+    values = np.linalg.eigvalsh(sym)
+    vals_top = np.sort(np.linalg.eigvalsh(top.rows * top.signs @ top.rows.T))
+    np.testing.assert_allclose(vals_top[[0, 1]] / vals_top[0], np.sort(values)[:2] / np.sort(values)[0], rtol=1e-9)
     with pytest.raises(ValueError, match="d must be"):
         T.item_embedding(model, 0)
