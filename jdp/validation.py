@@ -22,6 +22,9 @@ def check_epsilon(epsilon: float, name: str = "epsilon", allow_inf: bool = False
     return value
 
 
+_DELTA_WARNINGS: dict = {}
+
+
 def check_delta(delta: float, name: str = "delta", num_units: int | None = None) -> float:
     """Returns delta as float; raises ValueError unless 0 < delta < 1.
 
@@ -41,8 +44,11 @@ def check_delta(delta: float, name: str = "delta", num_units: int | None = None)
                              f"mechanism that publishes one random unit's data in the clear meets that "
                              f"guarantee. Use {name} well below 1/n (e.g. <= {0.1 / n:.2g}).")
         if value > 0.1 / n:
-            warnings.warn(f"{name} = {value:.3g} is above 1/(10 n) = {0.1 / n:.3g} for n = {n} protected units; "
-                          f"the usual choice is {name} << 1/n", stacklevel=2)
+            # one place and one registry for every caller: a run that checks the same δ in several layers
+            # (a trainer, then its DP-SGD transformation) prints the warning once
+            warnings.warn_explicit(f"{name} = {value:.3g} is above 1/(10 n) = {0.1 / n:.3g} for n = {n} protected "
+                                   f"units; the usual choice is {name} << 1/n", UserWarning, __file__, 0,
+                                   module=__name__, registry=_DELTA_WARNINGS)
     return value
 
 

@@ -155,6 +155,11 @@ def test_delta_at_or_above_one_over_n_is_refused_and_near_it_warned():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert check_delta(0.01, num_units=10) == 0.01
+    with warnings.catch_warnings(record=True) as seen:  # a run that checks one δ in two layers warns once
+        warnings.simplefilter("default")
+        check_delta(0.05, num_units=10)
+        check_delta(0.05, num_units=10)
+    assert len(seen) == 1
     with pytest.raises(ValueError, match="1/n"):
         jc.dp_sgd(lambda p, b: b, optax.sgd(0.1), num_examples=10, batch_size=2, l2_clip=1.0,
                   delta=0.5, steps=2, noise_multiplier=1.0)
