@@ -207,6 +207,12 @@ def test_baselines_never_read_exact_counts():
     assert r.baselines["popularity"] == baseline_metrics(d, r.item_counts_released)["popularity"]
     exact = data.item_presence(d.train_input, d.train_target, d.n_items)
     assert not np.array_equal(r.item_counts_released, exact)
+    # a vanilla model whose item table starts from a release ranks by that release's own popularity histogram
+    start_cfg = train.TrainConfig(model="transformer", item_init="transitions", item_init_k=20, **cfg)
+    r = train.train(d, start_cfg, jax.random.key(0), progress=False)
+    start = train.privacy_setup(d, start_cfg, jax.random.split(jax.random.key(0), 3)[1]).item_start
+    assert r.item_counts_released is None and not np.array_equal(start.counts, exact)
+    assert r.baselines["popularity"] == baseline_metrics(d, start.counts)["popularity"]
 
 
 def test_trainable_item_rows_come_from_released_counts_only():
