@@ -662,8 +662,9 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
                         f"hit_at_10_test_{other}": mt["other"]["hit"]})
     # zero cost (each user's own history) and, from public or already released counts, popularity: DPFormer's
     # histogram, else the item-table start's own popularity release (post-processing either way)
-    popular = (public_item_counts if public_item_counts is not None else None if not private
-               else counts_rel if counts_rel is not None else item_start.counts if item_start is not None else None)
+    popular = public_item_counts
+    if popular is None and private:
+        popular = counts_rel if counts_rel is not None else item_start.counts if item_start is not None else None
     baselines = baseline_metrics(data, popular, splits=("valid", "test") if evaluate_test else ("valid",))
     t_eval = time.perf_counter() - t0
     timings = {"train_s": t_train, "eval_s": t_eval, "total_s": time.perf_counter() - t_start,
