@@ -277,3 +277,23 @@ def test_item_table_start_is_accounted_at_its_share_and_composed_into_epsilon():
     assert alone.epsilon() == pytest.approx(train.ITEM_INIT_EPSILON_SHARE * 6.0, rel=1e-3)
     assert rep.epsilon() == pytest.approx(6.0, rel=1e-3)
     assert train.privacy_setup(d, dataclasses.replace(cfg, item_init="random"), jax.random.key(0))[1] < sigma
+
+
+def test_training_stops_at_a_step_with_a_nonfinite_user():
+    """The engine drops a non-finite user (the bound holds), but a model that produces one has diverged: training
+    stops with an error at that step instead of going on without the user. Worst input: one item's input row is
+    NaN, read only by the users whose sequences hold it (an untied output layer keeps every other user finite)."""
+    import jax.numpy as jnp
+
+    from jdp.seqrec import models
+    d = data.load("synthetic", data_seed=1, maxlen=8)
+    cfg = train.TrainConfig(model="transformer-untied", epsilon=8.0, epochs=0.2, batch_size=64, d=8, blocks=1,
+                            dropout=0.0, eval_chunk=512, length_buckets=())
+    model = models.make_model(cfg.model, d.n_items, d.maxlen, cfg.d, cfg.heads, cfg.blocks, cfg.dropout,
+                              cfg.activation, cfg.norm, cfg.ffn_dim, cfg.item_dim)
+    params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, d.maxlen), jnp.int32))
+    item = int(np.bincount(d.train_input.ravel(), minlength=d.n_items + 1)[1:].argmax()) + 1  # read by many
+    table = params["params"]["item_embed"]["embedding"]
+    params["params"]["item_embed"]["embedding"] = table.at[item].set(jnp.nan)
+    with pytest.raises(FloatingPointError, match="step 0: [1-9][0-9]* sampled users had a non-finite"):
+        train.train(d, cfg, jax.random.key(0), progress=False, initial_params=params)
