@@ -145,6 +145,12 @@ def render() -> None:
               "cache off: default 10.9 s (10.1-11.4), level 1 10.0 s (9.4-10.5; first step 4.7 → 3.9 s, 0.10 s "
               "per step either way), `--xla_llvm_disable_expensive_passes` 10.9 s, both 9.9 s: the quick run "
               "has used level 1 since (when the caller sets no `XLA_FLAGS`).", "",
+              "Tried on 2026-11-29 (scratch, on 3014e33) and not kept: compiling the run-once programs (the model's "
+              "initialisation, the DP-SGD state's allocation) at XLA optimisation level 0 through `jax.jit`'s "
+              "`compiler_options`: the initialisation compiles in 0.53-0.90 s instead of 0.77-0.85 s at the quick "
+              "run's level 1 (1.06-1.25 s at the default level), and the whole first run took 13.7 s against 14.1 s "
+              "(means of 4 interleaved pairs, ranges 12.0-15.9 and 13.5-14.9 s): within the host's noise. That day's "
+              "host ran the first run in 12-16 s at 3014e33, against the table's 10.8 s the day before.", "",
               "Re-measured on 2026-11-28 (`--only seqrec` at 7bbd059, not kept in the table): 17.2 s first / 11.7 s "
               "cached, on a host whose XLA compilation ran ~2× slower than the table's; the same command at d142cc6 "
               "(the table's row) interleaved with 7bbd059, cache off: 16.8 / 17.9 s against 16.8 / 19.2 s, so the "
