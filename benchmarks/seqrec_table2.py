@@ -58,7 +58,9 @@ RUNS = {("gru", 5): [("seqrec_amazon_gru_eps5_ep100_gpu", "")],
                           ("seqrec_amazon_dpformer_post256_eps8_ep100_gpu", "post-LN, FFN 256")],
         ("dpformer", 10): [("seqrec_amazon_dpformer_eps10_ep100_gpu_partial", ""),
                            ("seqrec_amazon_dpformer_eps10_ep20_itemstart",
-                            "item table from a release: beyond the paper")]}
+                            "item table from a release: beyond the paper"),
+                           ("seqrec_amazon_dpformer_eps10_ep20_itemstart_seed1",
+                            "item table from a release, seed 1: beyond the paper")]}
 
 
 def _run(stem: str) -> dict:
