@@ -90,7 +90,7 @@ SUMMARY = [
      'NDCG@10 % on Amazon Games at ε = 5 / 10, DPFormer',
      '1.64 / 1.99 (100 tuned epochs)',
      '1.11 / 1.11 (GPU, stopped at 71 / 70 of 100 epochs, 1 seed; popularity of the release: 1.14); 1.11 / 1.14 (20 epochs);'
-     ' 1.30, 1.27 / 1.83, 1.83 (20 epochs, item table started from one transition release, beyond the paper, seeds 0, 1; vanilla 1.27 / 1.69, seed 0)',
+     ' 1.30, 1.27 / 1.83, 1.83 (20 epochs, item table started from one transition release, beyond the paper, seeds 0, 1; vanilla 1.27, 1.25 / 1.69, 1.71, seeds 0, 1)',
      '0.68 / 0.56; item start 0.79, 0.77 / 0.92, 0.92',
      'seqrec'),
     ('seqrec',
