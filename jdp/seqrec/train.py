@@ -21,6 +21,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import functools
+import hashlib
 import json
 import math
 import pathlib
@@ -447,6 +448,53 @@ def step_batches(data: SeqData, idx: np.ndarray, windows: np.ndarray, rows: int,
     return out
 
 
+# TrainConfig fields that change neither a release nor its accounting (evaluation, memory and speed only): a
+# resumed run may change them
+RESUMABLE_FIELDS = ("eval_every_epochs", "eval_chunk", "mask_history", "batch_chunk", "chunk_rows")
+
+
+def _digest(*arrays) -> str:
+    h = hashlib.sha256()
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def run_record(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: np.ndarray | None) -> dict:
+    """What a checkpoint must have been trained with to be resumed: the config (but `RESUMABLE_FIELDS`), digests
+    of the key, the training data and the declared public counts. The key's randomness makes the releases (the
+    histogram, the item start, every step's noise), so resuming under another key, budget or dataset would
+    compose releases that the report does not count, or reuse one noise draw on other data."""
+    config = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in RESUMABLE_FIELDS}
+    key_bits = jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
+    counts = None if public_item_counts is None else _digest(np.asarray(public_item_counts, np.float64))
+    return json.loads(json.dumps({"config": config, "key": _digest(np.asarray(key_bits)),
+                                  "train_data": _digest(data.train_input, data.train_target, np.int64(data.n_items)),
+                                  "public_item_counts": counts}))
+
+
+def _record_file(ckpt: pathlib.Path) -> pathlib.Path:
+    return ckpt.with_name(ckpt.name + ".run.json")
+
+
+def check_resumable(ckpt: pathlib.Path, record: dict) -> None:
+    """Raises ValueError unless the checkpoint's run record equals `record` (`run_record`)."""
+    path = _record_file(ckpt)
+    if not path.exists():
+        raise ValueError(f"{ckpt} has no run record ({path.name}): it was written by an older jdp or moved without "
+                         "it, so jdp cannot check that resuming it continues the same run; start a new checkpoint")
+    saved = json.loads(path.read_text())
+    differ = [f"config.{k}" for k in sorted(set(saved.get("config", {})) | set(record["config"]))
+              if saved.get("config", {}).get(k) != record["config"].get(k)]
+    differ += [k for k in ("key", "train_data", "public_item_counts") if saved.get(k) != record[k]]
+    if differ:
+        raise ValueError(f"{ckpt} was written by another run (different {', '.join(differ)}): resuming it would "
+                         "compose releases that the privacy report does not count. Resume with the same data, "
+                         "config and seed, or start a new checkpoint")
+
+
 def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: np.ndarray | None = None,
           checkpoint: str | pathlib.Path | None = None, checkpoint_every: int | None = None,
           progress: bool = True, evaluate_test: bool = True, max_steps: int | None = None,
@@ -457,7 +505,8 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     public per-item sequence counts [M+1] for Re-Attention (then no histogram is released); otherwise
     DPFormer releases a Gaussian histogram accounted in the report. Exact counts are never used.
     `checkpoint`: a file written every `checkpoint_every` steps (default: every epoch) and at the end,
-    and resumed from when it exists (same data, config and key: the run continues as if never stopped).
+    and resumed from when it exists (same data, config and key: the run continues as if never stopped; checked
+    against the run record written beside it, `run_record`, before any work: ValueError otherwise).
     `max_steps`: stop after this many steps of this call (the report still covers the whole planned
     run, whose noise was calibrated for all `steps`); resume later from the checkpoint.
     `max_seconds`: stop after the first step that ends this many seconds after the call began (same
@@ -473,6 +522,10 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     L, M = data.maxlen, data.n_items
     N, q, steps = sampling_plan(data, cfg)
     private = cfg.epsilon is not None
+    ckpt = pathlib.Path(checkpoint) if checkpoint else None
+    record = run_record(data, cfg, key, public_item_counts) if ckpt is not None else None
+    if ckpt is not None and ckpt.exists():  # before any work or release
+        check_resumable(ckpt, record)
     if public_item_counts is not None and (cfg.model == "dpformer" or cfg.trainable_items):  # validate first
         if np.shape(public_item_counts) != (M + 1,):
             raise ValueError(f"public_item_counts must be a finite array of shape ({M + 1},)")
@@ -552,7 +605,6 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     fixed_events = [r.composed_event() for r in report.releases[:-1]] if private else []
 
     start = 0
-    ckpt = pathlib.Path(checkpoint) if checkpoint else None
     history = []
     if ckpt is not None and ckpt.exists():
         state = flax.serialization.from_bytes(state, ckpt.read_bytes())
@@ -642,6 +694,7 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
         if ckpt is not None and (done % checkpoint_every == 0 or done == stop or out_of_time):
             ckpt.write_bytes(flax.serialization.to_bytes(state))
             ckpt.with_name(ckpt.name + ".history.json").write_text(json.dumps(history))
+            _record_file(ckpt).write_text(json.dumps(record))
         if out_of_time:
             stop = done
             break

@@ -297,3 +297,32 @@ def test_training_stops_at_a_step_with_a_nonfinite_user():
     params["params"]["item_embed"]["embedding"] = table.at[item].set(jnp.nan)
     with pytest.raises(FloatingPointError, match="step 0: [1-9][0-9]* sampled users had a non-finite"):
         train.train(d, cfg, jax.random.key(0), progress=False, initial_params=params)
+
+
+def test_a_checkpoint_resumes_only_the_run_that_wrote_it(tmp_path):
+    """Resuming is continuing ONE run. Worst resumptions: a larger budget after steps taken at a smaller σ (the
+    report would state the new ε for steps that spent more), another seed (the histogram and every later step
+    drawn again: releases the report does not count), other data under the same seed (one noise draw on two
+    datasets), another declared public histogram, and a checkpoint without its run record. Each is refused before
+    any work; the same run, with only evaluation and speed settings changed, resumes."""
+    d = data.load("synthetic", data_seed=1, maxlen=8)
+    cfg = train.TrainConfig(model="dpformer", epsilon=2.0, epochs=0.2, batch_size=64, d=8, blocks=1, dropout=0.0,
+                            eval_chunk=512, length_buckets=())
+    ck = tmp_path / "run.ckpt"
+    first = train.train(d, cfg, jax.random.key(0), checkpoint=ck, progress=False, evaluate_test=False, max_steps=1)
+    assert first.timings["steps_done"] == 1 and (tmp_path / "run.ckpt.run.json").exists()
+    other = dataclasses.replace(d, train_target=np.where(d.train_target == 1, 2, d.train_target))
+    for args, what in [((d, dataclasses.replace(cfg, epsilon=8.0), jax.random.key(0)), "config.epsilon"),
+                       ((d, cfg, jax.random.key(1)), "key"),
+                       ((other, cfg, jax.random.key(0)), "train_data")]:
+        with pytest.raises(ValueError, match=f"another run \\(different {what}\\)"):
+            train.train(*args, checkpoint=ck, progress=False, evaluate_test=False)
+    with pytest.raises(ValueError, match="different public_item_counts"):
+        train.train(d, cfg, jax.random.key(0), public_item_counts=np.ones(d.n_items + 1), checkpoint=ck,
+                    progress=False, evaluate_test=False)
+    resumed = train.train(d, dataclasses.replace(cfg, eval_chunk=256, batch_chunk=None), jax.random.key(0),
+                          checkpoint=ck, progress=False, evaluate_test=False)
+    assert resumed.timings["complete"] and resumed.timings["steps_done"] == resumed.steps > 1
+    (tmp_path / "run.ckpt.run.json").unlink()
+    with pytest.raises(ValueError, match="no run record"):
+        train.train(d, cfg, jax.random.key(0), checkpoint=ck, progress=False, evaluate_test=False)
