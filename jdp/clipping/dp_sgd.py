@@ -119,6 +119,29 @@ def dp_aggregate(noise_multiplier: float, sensitivity: float, expected_batch_siz
     return optax.GradientTransformation(init_fn, update_fn)
 
 
+def _is_aggregate(x) -> bool:
+    return isinstance(x, DPAggregateState)
+
+
+def without_noise_key(state: Any) -> Any:
+    """`state` (a DPSGDState, an opt_state or any tree holding `dp_aggregate` states) with each noise key zeroed:
+    what a checkpoint should hold. The key generates the noise of every later step, so a file holding it beside
+    any later model would let its reader subtract that noise and see those steps' clipped sums."""
+    return jax.tree.map(lambda s: s._replace(key=jnp.zeros_like(s.key)) if _is_aggregate(s) else s, state,
+                        is_leaf=_is_aggregate)
+
+
+def with_noise_key(state: Any, key: jax.Array) -> Any:
+    """Inverse of `without_noise_key` for a run whose noise key was `key` (raw key bits, as given to `init`): each
+    `dp_aggregate` state gets the key it holds after its `count` updates (each update splits it once)."""
+    def advance(s):
+        if not _is_aggregate(s):
+            return s
+        k = jax.lax.fori_loop(0, s.count, lambda _, k: jax.random.split(k)[0], jnp.asarray(key))
+        return s._replace(key=k)
+    return jax.tree.map(advance, state, is_leaf=_is_aggregate)
+
+
 # ---------------------------------------------------------------------------------------------------
 # The step helper.
 class DPSGDState(NamedTuple):

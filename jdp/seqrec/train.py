@@ -38,7 +38,8 @@ from tqdm.auto import tqdm
 
 from jdp import accounting
 from jdp.clipping import METHODS as CLIPPING_METHODS
-from jdp.clipping.dp_sgd import clipped_accumulate, dp_sgd, dp_sgd_event, poisson_indices
+from jdp.clipping.dp_sgd import (clipped_accumulate, dp_sgd, dp_sgd_event, poisson_indices, with_noise_key,
+                                  without_noise_key)
 from jdp.clipping.engine import check_batch_chunk, split_into_chunks
 from jdp.seqrec import reattention as ra
 from jdp.seqrec import transitions as tr
@@ -582,7 +583,7 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     if log_q is not None:
         loss_fn = make_loss(log_q=log_q)
     if jnp.issubdtype(k_noise.dtype, jax.dtypes.prng_key):
-        k_noise = jax.random.key_data(k_noise)  # raw key bits: the noise key is checkpointed in opt_state
+        k_noise = jax.random.key_data(k_noise)  # raw key bits: the noise key lives in opt_state
     if private:
         dp = dp_sgd(loss_fn, opt, num_examples=N, batch_size=cfg.batch_size, l2_clip=cfg.l2_clip, delta=cfg.delta,
                     steps=steps, noise_multiplier=sigma, method=cfg.clipping, normalize=cfg.normalize, unit="user",
@@ -608,6 +609,8 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     history = []
     if ckpt is not None and ckpt.exists():
         state = flax.serialization.from_bytes(state, ckpt.read_bytes())
+        if private:  # the file holds no noise key (`without_noise_key`): it follows from the run's key
+            state = with_noise_key(state, k_noise)
         start = int(state.step)
         hist_file = ckpt.with_name(ckpt.name + ".history.json")
         if hist_file.exists():
@@ -692,7 +695,7 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
                 it.write("  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in entry.items()))
         out_of_time = max_seconds is not None and time.perf_counter() - t_start >= max_seconds
         if ckpt is not None and (done % checkpoint_every == 0 or done == stop or out_of_time):
-            ckpt.write_bytes(flax.serialization.to_bytes(state))
+            ckpt.write_bytes(flax.serialization.to_bytes(without_noise_key(state)))
             ckpt.with_name(ckpt.name + ".history.json").write_text(json.dumps(history))
             _record_file(ckpt).write_text(json.dumps(record))
         if out_of_time:

@@ -119,3 +119,19 @@ def test_aux_is_an_input_of_the_step_not_a_baked_constant(method):
             np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
         assert float(sums["count"]) == 6
     assert acc._cache_size() == 1
+
+
+def test_noise_key_is_left_out_of_a_saved_state_and_rebuilt_from_the_run_key():
+    """`without_noise_key` zeroes the key that would predict the later steps' noise; `with_noise_key` rebuilds
+    it from the run's key and the update count, so a resumed run draws the same noise as an uninterrupted one."""
+    from jdp.clipping.dp_sgd import DPAggregateState, dp_aggregate, with_noise_key, without_noise_key
+    key = jax.random.key_data(jax.random.key(7))
+    tx = optax.chain(dp_aggregate(1.0, 1.0, 4.0, key), optax.sgd(0.1))
+    params = {"w": jnp.zeros(3)}
+    state = tx.init(params)
+    for _ in range(3):
+        _, state = tx.update({"w": jnp.ones(3)}, state, params)
+    bare = without_noise_key(state)
+    assert isinstance(bare[0], DPAggregateState) and int(bare[0].count) == 3 and not np.any(np.asarray(bare[0].key))
+    np.testing.assert_array_equal(np.asarray(with_noise_key(bare, key)[0].key), np.asarray(state[0].key))
+    assert without_noise_key(params) == params  # no dp_aggregate state: unchanged
