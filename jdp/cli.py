@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import json
 import os
 import pathlib
 import sys
@@ -24,6 +25,18 @@ SUBCOMMANDS = {
 
 SEED_HELP = ("seed of the privacy noise (default: fresh OS entropy, printed and written to the JSON output). "
              "A fixed seed reproduces an experiment; never release a result whose seed others know.")
+
+
+# every command's result JSON says what its ε covers: the rest of the file is evaluation on the data
+PRIVACY_SCOPE = ("epsilon covers the releases listed under 'privacy' and what is computed from them only. The "
+                 "metrics, baselines, losses, warnings and timings in this file are computed from the data without "
+                 "noise (evaluation, not releases): share them only where that data may be seen. The seed "
+                 "regenerates the privacy noise: keep it secret.")
+
+
+def result_json(payload: dict, default=float) -> str:
+    """The JSON text of a command's result, with `privacy_scope` (`PRIVACY_SCOPE`) beside the payload."""
+    return json.dumps({**payload, "privacy_scope": PRIVACY_SCOPE}, indent=2, default=default)
 
 
 def add_seed_arguments(parser: argparse.ArgumentParser, data_seed: bool = True) -> None:

@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import time
 
-from jdp.cli import add_seed_arguments, noise_seed
+from jdp.cli import add_seed_arguments, noise_seed, result_json
 
 RUNS = [("als", None, None), ("dpals-uniform", 1.0, None), ("dpals-tail", 1.0, None), ("ada-dpals", 1.0, 0.25),
         ("ada-dpals", 1.0, 0.5), ("dpals-uniform", 5.0, None), ("dpals-tail", 5.0, None), ("ada-dpals", 5.0, 0.25),
@@ -62,6 +61,5 @@ def run(args: argparse.Namespace) -> int:
     print(f"\ntotal {time.perf_counter() - t0:.0f} s. Every private row spends exactly its epsilon at delta=1e-5, "
           "counts and centering included (see `jdp altmin --out` for the full privacy report).")
     if args.out:
-        pathlib.Path(args.out).write_text(json.dumps({"seed": seed, "data_seed": args.data_seed, "rows": rows},
-                                                     indent=2, default=float) + "\n")
+        pathlib.Path(args.out).write_text(result_json({"seed": seed, "data_seed": args.data_seed, "rows": rows}) + "\n")
     return 0

@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
 
 from jdp.altmin.model import METHODS, AltMinConfig, Method
-from jdp.cli import add_data_dir_arguments, add_seed_arguments, noise_seed
+from jdp.cli import add_data_dir_arguments, add_seed_arguments, noise_seed, result_json
 
 # Public rating scales of the named MovieLens datasets (downloaded by jdp.data.fetch); --data movielens
 # (any file) assumes the half-star scale of the newer releases.
@@ -146,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
         row.setdefault("warnings", []).append(warning)
         print(f"WARNING: {warning}")
     if args.out:
-        pathlib.Path(args.out).write_text(json.dumps(row, indent=2, default=float) + "\n")
+        pathlib.Path(args.out).write_text(result_json(row) + "\n")
         print(f"wrote {args.out}")
     if args.plot:
         from jdp.plots import altmin_run

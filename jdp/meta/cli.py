@@ -8,13 +8,12 @@ reference, the PrivacyReport (unit = task) and timings.
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import math
 import pathlib
 import sys
 import time
 
-from jdp.cli import add_seed_arguments, noise_seed
+from jdp.cli import add_seed_arguments, noise_seed, result_json
 
 ALGORITHMS = ("meta-nsgd", "clustering", "ftmrl", "nonprivate", "local")
 SETTINGS = ("single-cluster", "multi-cluster", "authors")
@@ -149,7 +148,7 @@ def run(args) -> int:
                    f"({local:.4g}: each task learns from its own data alone, nothing released)")
         out["warnings"] = [warning]
         print(f"WARNING: {warning}", file=sys.stderr)
-    text = json.dumps(out, indent=2, default=lambda v: None if isinstance(v, float) and math.isinf(v) else float(v))
+    text = result_json(out, default=lambda v: None if isinstance(v, float) and math.isinf(v) else float(v))
     print(text)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

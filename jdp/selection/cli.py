@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from jdp.cli import add_seed_arguments, noise_seed
+from jdp.cli import add_seed_arguments, noise_seed, result_json
 
 
 def _load(path: str, name: str) -> np.ndarray:
@@ -56,8 +56,9 @@ def _plot(command: str, payload: dict, path: str | None) -> None:
         save_plot(command, payload, path)
 
 
-def _emit(payload: dict, out: str | None) -> None:
-    text = json.dumps(payload, indent=2, default=float)
+def _emit(payload: dict, out: str | None, result: bool = False) -> None:
+    """Writes `payload` to `out` (else stdout); `result`: a private run's result, with its privacy scope."""
+    text = result_json(payload) if result else json.dumps(payload, indent=2, default=float)
     if out:
         pathlib.Path(out).write_text(text + "\n")
         print(f"wrote {out}", file=sys.stderr)
@@ -154,7 +155,7 @@ def run(args) -> int:
             payload["warnings"] = [warning]
             print(f"WARNING: {warning}", file=sys.stderr)
     print(str(report), file=sys.stderr)
-    _emit(payload, args.out)
+    _emit(payload, args.out, result=True)
     _plot("select run", payload, getattr(args, "plot", None))
     return 0
 

@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from jdp.cli import add_data_dir_arguments, add_seed_arguments, noise_seed
+from jdp.cli import add_data_dir_arguments, add_seed_arguments, noise_seed, result_json
 from jdp.clipping.engine import METHODS as CLIPPING_METHODS
 from jdp.seqrec.models import MODELS, NORMS
 from jdp.seqrec.train import DEFAULT_WINDOWS, ITEM_INIT_EPSILON_SHARE, ITEM_INITS, NEGATIVE_SAMPLERS, TrainConfig
@@ -273,7 +273,7 @@ def _report(args: argparse.Namespace, out: dict, privacy, plot) -> int:
         out.setdefault("warnings", []).append(warning)
         print(f"WARNING: {warning}")
     if args.out:
-        pathlib.Path(args.out).write_text(json.dumps(out, indent=2, default=float) + "\n")
+        pathlib.Path(args.out).write_text(result_json(out) + "\n")
     if args.plot:
         print(f"wrote {plot(out, args.plot)}")
     return 0

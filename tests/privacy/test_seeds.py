@@ -73,6 +73,8 @@ def test_cli_records_the_fresh_seed_and_reproduces_with_it(tmp_path, capsys):
         assert main(base + extra + ["--out", str(out)]) == 0
         outs.append(json.loads(out.read_text()))
     assert "noise seed" in capsys.readouterr().err
+    # the file says what its ε covers, and that the seed it holds is a secret
+    assert all("keep it secret" in o["privacy_scope"] and "'privacy'" in o["privacy_scope"] for o in outs)
     assert outs[0]["seed"] != outs[1]["seed"]
     assert outs[0]["selections"] != outs[1]["selections"]
     assert outs[2]["selections"] == outs[0]["selections"]
