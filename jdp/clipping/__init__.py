@@ -8,9 +8,10 @@ PrivacyReport from dp_accounting.
 """
 from jdp.clipping.dp_sgd import (DPSGD, DPSGDState, calibrate_noise_multiplier, clipped_accumulate,
                                  default_max_batch_size, dp_aggregate, dp_sgd, dp_sgd_event, poisson_indices,
-                                 poisson_sample)
+                                 poisson_sample, with_noise_key, without_noise_key)
 from jdp.clipping.engine import METHODS, ClippedGrad, clipped_grad, explain, per_example_grads_reference
 
 __all__ = ["METHODS", "ClippedGrad", "DPSGD", "DPSGDState", "calibrate_noise_multiplier", "clipped_accumulate",
            "clipped_grad", "default_max_batch_size", "dp_aggregate", "dp_sgd", "dp_sgd_event", "explain",
-           "per_example_grads_reference", "poisson_indices", "poisson_sample"]
+           "per_example_grads_reference", "poisson_indices", "poisson_sample", "with_noise_key",
+           "without_noise_key"]
