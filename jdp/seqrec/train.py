@@ -473,7 +473,8 @@ def run_record(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_coun
     counts = None if public_item_counts is None else _digest(np.asarray(public_item_counts, np.float64))
     return json.loads(json.dumps({"config": config, "key": _digest(np.asarray(key_bits)),
                                   "train_data": _digest(data.train_input, data.train_target, np.int64(data.n_items)),
-                                  "public_item_counts": counts}))
+                                  "public_item_counts": counts},
+                                 default=lambda v: v.item() if hasattr(v, "item") else repr(v)))
 
 
 def _record_file(ckpt: pathlib.Path) -> pathlib.Path:
