@@ -526,7 +526,8 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     private = cfg.epsilon is not None
     ckpt = pathlib.Path(checkpoint) if checkpoint else None
     record = run_record(data, cfg, key, public_item_counts) if ckpt is not None else None
-    if ckpt is not None and ckpt.exists():  # before any work or release
+    resuming = ckpt is not None and ckpt.exists()
+    if resuming:  # before any work or release
         check_resumable(ckpt, record)
     if public_item_counts is not None and (cfg.model == "dpformer" or cfg.trainable_items):  # validate first
         if np.shape(public_item_counts) != (M + 1,):
@@ -549,7 +550,7 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
         return freeze_item_table_loss(loss) if cfg.freeze_item_table else loss
     loss_fn = make_loss()
     first_step_ready = None
-    if private and not cfg.negatives and not (checkpoint is not None and pathlib.Path(checkpoint).exists()):
+    if private and not cfg.negatives and not resuming:
         # traced here, before the calibration starts: both are Python and would take turns on the GIL
         lowered = _lower_first_step(data, cfg, model, loss_fn, k_init, N, q, windows, k_sample, k_dropout)
         first_step_ready = pool.submit(lambda: [program.compile() for program in lowered])
@@ -608,7 +609,7 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
 
     start = 0
     history = []
-    if ckpt is not None and ckpt.exists():
+    if resuming:
         state = flax.serialization.from_bytes(state, ckpt.read_bytes())
         if private:  # the file holds no noise key (`without_noise_key`): it follows from the run's key
             state = with_noise_key(state, k_noise)
