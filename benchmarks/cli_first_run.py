@@ -119,6 +119,13 @@ def render() -> None:
         lines += ["", "Re-measured alone (`--only`; the other rows are the run above): " + "; ".join(
             f"{r['name']} at commit `{r['git_commit'][:10]}` ({r['date'][:10]})"
             + (f", {r['note']}" if r.get("note") else "") for r in again) + "."]
+    lines += ["", "The table's run: 2026-11-29, an idle host (the code unchanged since 7ee065a). The run it replaced "
+              "(2026-11-28, commit 389ffc0 and, re-measured alone, 3e4bf98 / 8fd8e47, a slower host) gave, fastest of "
+              "3 rounds: altmin 9.3 s, altmin ml-100k 7.8, seqrec 10.8 (MISSED; 10.8-13.3 over its rounds), select "
+              "run 4.3, select curves 7.8, meta 8.0. So every command's first run is within 10 s on this host, and "
+              "seqrec's is not on hosts whose XLA compilation is slower (10.8-17 s on 2026-11-27/28, below): the "
+              "seqrec row meets its target on some 2-core machines, not all. `--only seqrec --repeats 5` on the same "
+              "day before this run: 8.6-9.3 s first, 6.1-6.4 s cached."]
     lines += ["", "`jdp seqrec --data synthetic` trains a 1-block DPFormer (since 159a066; 2 blocks before, the "
               "paper's depth, which `--blocks` keeps for published data) with DP-SGD for 2 epochs (16 steps of ~256 "
               "users × 20 positions, one compiled shape) and ranks the full catalogue; on a first run most of it is "
