@@ -114,14 +114,9 @@ def _task_ridge(a, lam, count_ridge):
     """Per-task ridge max(lam, offset + inverse·E[1/n_i] + per_count·n_i), n_i = A_i[-1, -1] / unit: the task's
     weighted count read off its (released, when noisy) Gram through a constant last feature √unit, with E[1/n_i]
     from `inverse_count` (noise std count_noise, prior up to count_max; 1/max(n_i, 1) for an exact count)."""
-    return _count_ridge(a[:, -1, -1], lam, count_ridge)
-
-
-def _count_ridge(a_last, lam, count_ridge):
-    """`_task_ridge` from the Grams' last diagonal entries a_last = A_i[-1, -1] alone."""
     offset, inverse, per_count, unit, count_noise, count_max = (count_ridge[i] for i in range(6))
-    n = a_last / unit
-    return jnp.maximum(jnp.asarray(lam, a_last.dtype),
+    n = a[:, -1, -1] / unit
+    return jnp.maximum(jnp.asarray(lam, a.dtype),
                        offset + inverse * inverse_count(n, count_noise, count_max) + per_count * jnp.maximum(n, 0.0))
 
 
@@ -187,75 +182,26 @@ def ridge_solve(a, b, lam, adaptive: bool = False, lapack: bool = True):
     return _cho_solve_jnp(l, b)
 
 
-DUAL_MAX_ROWS_PER_FEATURE = 0.75  # exact solves: classes of at most this many rows per feature use the dual form
-
-
-def _class_dual_solve(feats, src, sqrt_w, label, tasks, lam, count_ridge, prior_last, lapack):
-    """Exact ridge solves of one length class [n, L] in the dual form: with X = √w·x [L, d] and y = √w·label,
-    θ = Xᵀ(XXᵀ + ρI)⁻¹y equals (XᵀX + ρI)⁻¹Xᵀy (push-through identity) from an L×L system instead of a d×d one,
-    cheaper when L < d. Padding slots (x = 0, y = 0) get α = 0. Returns θ [n, d] and each task's A[-1, -1],
-    b[-1] (for its count ridge and `stats`)."""
-    n, length = src.shape
-    batch = min(n, max(1, gram.ROWS_PER_BATCH // length))
-
-    def step(_, xs):
-        s, w, y, t = xs
-        x = feats[s] * w[..., None]                    # √w·x   [batch, L, d]
-        y = w * y
-        a_last, b_last = jnp.sum(x[..., -1] ** 2, axis=1), jnp.sum(x[..., -1] * y, axis=1)
-        if prior_last is not None:  # the ridge centred on t·e: solve for θ − t·e, whose labels are y − t·x_last
-            y = y - prior_last[t][:, None] * x[..., -1]
-        alpha = ridge_solve(jnp.einsum("nld,nmd->nlm", x, x), y, _count_ridge(a_last, lam, count_ridge),
-                            lapack=lapack)
-        theta = jnp.einsum("nld,nl->nd", x, alpha)
-        if prior_last is not None:
-            theta = theta.at[:, -1].add(prior_last[t])
-        return None, (theta, a_last, b_last)
-
-    xs = tuple(v.reshape(n // batch, batch, *v.shape[1:]) for v in (src, sqrt_w, label, tasks))
-    _, out = jax.lax.scan(step, None, xs)
-    return tuple(o.reshape(n, *o.shape[2:]) for o in out)
-
-
 def _solve_shard(feats, classes, class_tasks, stack_index, key, gram_key, std_a, std_b, lam, count_ridge, prior_last,
                  noisy, lapack, stats):
     """Gram (+ noise) + ridge solve for one shard's tasks -> θ [block, d] (+ 2 columns Â_i[-1, -1], b̂_i[-1] if stats).
     The class Grams are stacked as they come (class by class) and solved in that order by ONE batched solve
     (independent LAPACK calls in one program can deadlock XLA's CPU thread pool); only the solutions are put
-    back in slot order. The noise of a task is keyed by its global id. Exact solves (not `noisy`) of classes
-    with few rows per feature take the dual form instead (`_class_dual_solve`: the same θ), one class after
-    another (an optimization barrier orders their LAPACK calls)."""
-    d = feats.shape[1]
-    dual = [not noisy and cl[0].shape[1] <= DUAL_MAX_ROWS_PER_FEATURE * d for cl in classes]
-    if dual != sorted(dual, reverse=True):  # the plan's classes grow in length, so the dual ones come first
-        raise ValueError("length classes must be in increasing length")
-    pieces, done = [], None
-    for cl, tasks, is_dual in zip(classes, class_tasks, dual):
-        if is_dual:
-            if done is not None:  # this class's solves start after the previous class's
-                done, cl = jax.lax.optimization_barrier((done, cl))
-            done = _class_dual_solve(feats, *cl, tasks, lam, count_ridge, prior_last, lapack)
-            pieces.append(done)
-    primal = [(cl, tasks) for cl, tasks, is_dual in zip(classes, class_tasks, dual) if not is_dual]
-    if primal:
-        if done is not None:
-            done, primal = jax.lax.optimization_barrier((done, primal))
-        grams = [gram.class_gram(feats, *cl) for cl, _ in primal]
-        a, b = jnp.concatenate([g[0] for g in grams]), jnp.concatenate([g[1] for g in grams])
-        tasks = jnp.concatenate([t for _, t in primal])
-        if noisy:
-            na, nb = keyed_gram_noise(key, tasks, d, std_a, std_b, gram_key=gram_key)
-            a, b = a + na, b + nb
-        if prior_last is None:
-            theta = ridge_solve(a, b, _task_ridge(a, lam, count_ridge), adaptive=noisy, lapack=lapack)
-        else:  # the ridge centred on t·e: solve for θ − t·e
-            t = prior_last[tasks]
-            theta = ridge_solve(a, b - t[:, None] * a[:, :, -1], _task_ridge(a, lam, count_ridge), adaptive=noisy,
-                                lapack=lapack)
-            theta = theta.at[:, -1].add(t)
-        pieces.append((theta, a[:, -1, -1], b[:, -1]))  # after every dual class: classes grow in length
-    theta, a_last, b_last = (jnp.concatenate(p) for p in zip(*pieces))
-    out = jnp.concatenate([theta, a_last[:, None], b_last[:, None]], axis=1) if stats else theta
+    back in slot order. The noise of a task is keyed by its global id."""
+    grams = [gram.class_gram(feats, *cl) for cl in classes]
+    a, b = jnp.concatenate([g[0] for g in grams]), jnp.concatenate([g[1] for g in grams])
+    tasks = jnp.concatenate(class_tasks)
+    if noisy:
+        na, nb = keyed_gram_noise(key, tasks, feats.shape[1], std_a, std_b, gram_key=gram_key)
+        a, b = a + na, b + nb
+    if prior_last is None:
+        theta = ridge_solve(a, b, _task_ridge(a, lam, count_ridge), adaptive=noisy, lapack=lapack)
+    else:  # the ridge centred on t·e: solve for θ − t·e
+        t = prior_last[tasks]
+        theta = ridge_solve(a, b - t[:, None] * a[:, :, -1], _task_ridge(a, lam, count_ridge), adaptive=noisy,
+                            lapack=lapack)
+        theta = theta.at[:, -1].add(t)
+    out = jnp.concatenate([theta, a[:, -1, -1, None], b[:, -1, None]], axis=1) if stats else theta
     return jnp.concatenate([out, jnp.zeros((1, out.shape[1]), out.dtype)])[stack_index]
 
 

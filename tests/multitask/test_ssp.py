@@ -162,38 +162,6 @@ def test_prior_mean_of_the_last_coordinate_centres_the_ridge_on_the_same_release
         assert np.abs(noisy["t"][:, -3] - noisy["none"][:, -3]).max() > 0.01  # the bias coordinate moved
 
 
-def test_exact_solves_of_short_tasks_in_the_dual_form_equal_the_normal_equations():
-    """Exact (non-noisy) solves of tasks with fewer rows than DUAL_MAX_ROWS_PER_FEATURE·d take the dual form
-    Xᵀ(XXᵀ + ρI)⁻¹y; with weights, a count ridge, a centred prior and the released-statistics columns, on one
-    device and sharded over four, every task matches its float64 normal equations (XᵀWX + ρI)θ = XᵀWy + ρ·t·e."""
-    rng = np.random.default_rng(7)
-    m, rows, d, g0 = 120, 300, 12, 0.7
-    counts = rng.integers(0, 40, m)  # classes 4 and 8 (≤ 0.75·12 rows) in the dual form, the longer ones not
-    task = np.repeat(np.arange(m), counts)
-    src = rng.integers(0, rows, task.size)
-    w, y = rng.uniform(0.2, 1.0, task.size).astype(np.float32), rng.normal(size=task.size).astype(np.float32)
-    x = rng.normal(size=(rows, d)).astype(np.float32)
-    x[:, -1] = g0
-    t = rng.normal(size=m).astype(np.float32)
-    ridge = np.array([0.0, 0.0, 0.3, g0**2, 0.0, 1.0], np.float32)  # ρ_i = max(0.5, 0.3·n_i), n_i the weighted count
-    ref = np.zeros((m, d + 2))
-    for i in range(m):
-        xs, ws, ys = x[src[task == i]].astype(np.float64), w[task == i], y[task == i]
-        a, b = xs.T @ (ws[:, None] * xs), xs.T @ (ws * ys)
-        rho = max(0.5, 0.3 * a[-1, -1] / g0**2)
-        ref[i, :d] = np.linalg.solve(a + rho * np.eye(d), b - t[i] * a[:, -1]) + t[i] * np.eye(d)[-1]
-        ref[i, d:] = a[-1, -1], b[-1]
-    for shards, mesh in ((1, None), (4, ssp.task_mesh(4))):
-        plan = gram.build_plan(task, src, w, m, n_shards=shards)
-        assert any(c.src.shape[2] <= ssp.DUAL_MAX_ROWS_PER_FEATURE * d for c in plan.classes)
-        assert any(c.src.shape[2] > ssp.DUAL_MAX_ROWS_PER_FEATURE * d for c in plan.classes)
-        classes, si = gram.device_arrays(plan, plan.slot_values(y))
-        got = np.asarray(ssp.solve_tasks(jnp.asarray(x), classes, gram.class_tasks(plan), si, jax.random.key(0), 0.0,
-                                         0.0, 0.5, mesh=mesh, noisy=False, count_ridge=jnp.asarray(ridge),
-                                         bias_stats=True, prior_last=t))[plan.flat_index]
-        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=2e-5)
-
-
 def test_ssp_rejects_bad_inputs():
     rng, task, user, x, y, m, n = _random_instance(0)
     ok = dict(beta=1.0, clip_x=1.0, clip_y=1.0, noise_multiplier=1.0, lam=1.0)
