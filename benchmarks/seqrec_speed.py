@@ -21,8 +21,10 @@ Measured on one machine in one run:
 Host memory: glibc's default malloc, as users get it; `--reuse-host-memory` calls
 `jdp.hostmem.reuse_freed_memory()` first in every process, floor included (XLA's large buffers then reuse
 freed memory instead of faulting in fresh pages on every call). Recorded as `host_malloc`.
-Epoch times are steady-state: (mean time of the steps that compiled no new chunk shape) × steps per
-epoch; the total including compilation is recorded too. Ratios are within this run; `--rounds R` repeats
+Epoch times are steady-state: (mean time of the timed epoch's steps that compiled no new chunk shape) × steps
+per epoch, where the timed epoch follows `--warm-epochs` (default 1) untimed ones: a first epoch compiles most
+chunk shapes and, in the background, the evaluation, whose compilations slowed some of its later steps (by up
+to 0.9 s in DP runs); the first epoch's total including compilation is recorded too. Ratios are within this run; `--rounds R` repeats
 the floor and the variants R times in turn (a busy shared host drifts between processes) and the summary
 takes each one's median over the rounds.
 """
@@ -94,8 +96,9 @@ def floor(data_path: str, d: int = 64, blocks: int = 2) -> dict:
             "floor_epoch_s": (out_flops + body_flops) / r["matmul_flops_per_s"] + exps / r["exp_per_s"]}
 
 
-def variant(name: str, data_path: str, steps: int, negatives: int = 1024) -> dict:
-    """One training variant (run in its own process): per-step times over `steps` steps."""
+def variant(name: str, data_path: str, steps: int, negatives: int = 1024, warm_epochs: int = 1) -> dict:
+    """One training variant (run in its own process): per-step times over `steps` steps (0: `warm_epochs`
+    epochs, then the timed one)."""
     from jdp.hostmem import reuse_freed_memory_if_requested
     reuse_freed_memory_if_requested()  # inherited JDP_HOST_MALLOC, before any JAX work
     import jax
@@ -109,23 +112,28 @@ def variant(name: str, data_path: str, steps: int, negatives: int = 1024) -> dic
                       batch_chunk=None if name.endswith("_whole") else TrainConfig().batch_chunk)
     _, _, total = sampling_plan(data, cfg)
     per_epoch = int(np.ceil(data.n_users / cfg.batch_size))
-    n = per_epoch if steps <= 0 else min(steps, total)
+    warm_epochs = warm_epochs if steps <= 0 else 0
+    n = per_epoch * (warm_epochs + 1) if steps <= 0 else min(steps, total)
     r = train(data, cfg, jax.random.key(0), progress=False, evaluate_test=False, max_steps=n)
     t = np.array(r.timings["step_s"])
-    warm = np.array(r.timings["step_new_shapes"]) == 0
-    steady = float(t[warm].mean()) if warm.any() else float(t.mean())
+    first = t[:per_epoch].sum() if steps <= 0 else t.sum() * per_epoch / n  # the first epoch, with compilation
+    timed = slice(warm_epochs * per_epoch, n)
+    t_timed = t[timed]
+    warm = np.array(r.timings["step_new_shapes"])[timed] == 0
+    steady = float(t_timed[warm].mean()) if warm.any() else float(t_timed.mean())
     return {"variant": name, "clipping": cfg.clipping, "chunk_rows": cfg.chunk_rows, "negatives": cfg.negatives,
             "batch_chunk": cfg.batch_chunk,
-            "steps_timed": int(n),
+            "steps_run": int(n), "warm_epochs": warm_epochs, "steps_timed": int(t_timed.size),
             "steps_per_epoch": per_epoch, "steady_steps": int(warm.sum()), "step_s": t.tolist(),
-            "epoch_s": steady * per_epoch, "total_s_with_compile": float(t.sum()) * per_epoch / n,
+            "epoch_s": steady * per_epoch, "total_s_with_compile": float(first),
             "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data-path", default=None, help="Video.txt (default ../shared/datasets/amazon-games/Video.txt)")
-    ap.add_argument("--steps", type=int, default=0, help="steps timed per variant (0: one epoch)")
+    ap.add_argument("--steps", type=int, default=0, help="steps timed per variant (0: one epoch after the warm ones)")
+    ap.add_argument("--warm-epochs", type=int, default=1, help="untimed epochs before the timed one (with --steps 0)")
     ap.add_argument("--vmap-steps", type=int, default=3)
     ap.add_argument("--negatives", type=int, default=1024, help="negatives per step of the dp_sampled variant")
     ap.add_argument("--variants", default="nonprivate,dp,vmap,dp_sampled",
@@ -139,7 +147,7 @@ def main(argv=None) -> int:
     root = pathlib.Path(__file__).resolve().parents[1]
     path = args.data_path or str(root.parent / "shared" / "datasets" / "amazon-games" / "Video.txt")
     if args.variant:
-        print(json.dumps(variant(args.variant, path, args.steps, args.negatives)))
+        print(json.dumps(variant(args.variant, path, args.steps, args.negatives, args.warm_epochs)))
         return 0
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
     floors, runs = [], []
@@ -149,7 +157,8 @@ def main(argv=None) -> int:
         for name in names:
             steps = args.vmap_steps if name == "vmap" else args.steps
             out = subprocess.run([sys.executable, "-m", "benchmarks.seqrec_speed", "--variant", name, "--steps",
-                                  str(steps), "--data-path", path, "--negatives", str(args.negatives)],
+                                  str(steps), "--data-path", path, "--negatives", str(args.negatives),
+                                  "--warm-epochs", str(args.warm_epochs)],
                                  capture_output=True, text=True, cwd=root)
             row = ({"variant": name, "error": out.stderr.strip().splitlines()[-1:]} if out.returncode
                    else json.loads(out.stdout.strip().splitlines()[-1]))
