@@ -224,15 +224,13 @@ def test_chunked_dp_sgd_sum_equals_one_full_window_batch():
 
 
 def test_pass_users_splits_a_chunk_evenly_into_passes_of_at_most_the_allowed_size():
-    items = 23716
-    assert train.pass_users(None, 341, 3, items) == 341
-    assert train.pass_users(16, 341, 3, items) == 16          # 22 passes, the last with 5 padded rows
-    assert train.pass_users(5, 12, 50, items) == 4            # 3 passes of 4, none padded
+    assert train.pass_users(None, 341, 3) == 341
+    assert train.pass_users(16, 341, 3) == 16          # 22 passes, the last with 5 padded rows
+    assert train.pass_users(5, 12, 50) == 4            # 3 passes of 4, none padded
     cpu = jax.default_backend() == "cpu"
-    assert train.pass_users("auto", 341, 3, items) == (43 if cpu else 341)   # <= 132 positions: 8 passes
-    assert train.pass_users("auto", 20, 50, items) == (2 if cpu else 20)
-    assert train.pass_users("auto", 4, 256, items) == (1 if cpu else 4)
-    assert train.pass_users("auto", 256, 20, 1001) == (128 if cpu else 256)  # a small catalogue: larger passes
+    assert train.pass_users("auto", 341, 3) == (38 if cpu else 341)   # <= 128 positions: 9 passes of 38 users
+    assert train.pass_users("auto", 20, 50) == (2 if cpu else 20)
+    assert train.pass_users("auto", 4, 256) == (1 if cpu else 4)
 
 
 @pytest.mark.parametrize("batch_chunk", [None, 2, "auto"])
@@ -248,7 +246,7 @@ def test_dp_step_clips_the_same_sums_in_any_pass_size(batch_chunk):
              "key": jax.random.split(jax.random.key(3), 10)}
     mask = jnp.asarray(np.arange(10) < 7)
     zero = jax.tree_util.tree_map(jnp.zeros_like, params)
-    got, sums = train._clipped_accumulate(loss_fn, cfg, d.n_items + 1)(params, zero, batch, mask)
+    got, sums = train._clipped_accumulate(loss_fn, cfg)(params, zero, batch, mask)
     want, _ = jc.clipped_accumulate(loss_fn, 0.05, batch_chunk=None)(params, zero, batch, mask)
     assert int(sums["count"]) == 7
     for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
@@ -263,7 +261,7 @@ def test_nonprivate_step_sums_the_same_gradients_in_any_pass_size(batch_chunk):
     model = models.make_model("transformer", d.n_items, d.maxlen, d=8, heads=1, blocks=1, dropout=0.0)
     params = jax.jit(model.init)(jax.random.key(0), jnp.asarray(d.train_input[:2]))
     loss_fn = models.make_loss_fn(model)
-    _, accumulate, _ = train._nonprivate_step(loss_fn, optax.sgd(0.1), params, 8.0, batch_chunk, d.n_items + 1)
+    _, accumulate, _ = train._nonprivate_step(loss_fn, optax.sgd(0.1), params, 8.0, batch_chunk)
     batch = {"input": jnp.asarray(d.train_input), "target": jnp.asarray(d.train_target),
              "key": jax.random.split(jax.random.key(3), 10)}
     mask = jnp.asarray(np.arange(10) < 7)
