@@ -54,14 +54,11 @@ from jdp.validation import check_delta, check_epsilon, check_positive
 DEFAULT_WINDOWS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128,
                    160, 192, 224, 256)
 
-# positions per pass over a physical chunk on CPU, for the DP-SGD step's clipping engine and the non-private
-# reference alike (`pass_users`). Amazon Games, DPFormer, 2-core CPU, one process: the non-private step's 8 chunks
-# of 1024 positions took 2.8-3.0 s in one pass per chunk, 1.9-2.2 s in passes of 64-256 positions (a pass's
-# [rows, 23716] logits, softmax and logit gradients, 12 MB at 128 rows, stay in cache); the clipped
-# accumulation of two steps' 16 chunks 2.58 / 2.57 s in passes of <= 128 positions against 2.77 / 2.72 s with the
-# engine's own CPU rule (cache-sized per-example state, at least 16 users: 800 positions per pass at window 50),
-# DP ÷ non-private 1.21 / 1.29 vs 1.29 / 1.37 (two runs; benchmarks/README.md#seqrec)
-CPU_PASS_ROWS = 128
+# positions per pass of the non-private step on CPU (`_nonprivate_chunk`): Amazon Games, Transformer, a step's
+# 8 physical chunks of 1024 positions (2-core CPU, one process): 2.8-3.0 s in one pass per chunk, 1.9-2.2 s in
+# passes of 64-256 positions (the [rows, 23716] logits and softmax of 128 rows, 12 MB, are read and written
+# several times per pass)
+NONPRIVATE_CPU_ROWS = 128
 
 NEGATIVE_SAMPLERS = ("uniform", "popularity")
 ITEM_INITS = ("random", "transitions")
@@ -84,10 +81,10 @@ class TrainConfig:
     l2_clip: float = 1.0
     normalize: bool = False           # normalised clipping g·C/‖g‖ (the paper's choice) instead of min(1, C/‖g‖)
     clipping: str = "auto"            # jdp.clipping method ("vmap": the exact per-example reference)
-    batch_chunk: int | str | None = "auto"  # users per pass inside each physical chunk, for jdp.clipping's engine
-                                      # and the non-private reference alike (`pass_users`; "auto": on CPU passes
-                                      # of <= CPU_PASS_ROWS = 128 positions; None: one pass, on CPU ~1.3-1.6x
-                                      # slower)
+    batch_chunk: int | str | None = "auto"  # users per pass inside each physical chunk: jdp.clipping's batch_chunk
+                                      # ("auto": on CPU chunks of 4 users whose per-user embedding gradients are
+                                      # kept for the clipped sum, DP epoch 47 s vs 64 s in one pass; None: one
+                                      # pass); the non-private reference likewise (`_nonprivate_chunk`)
     d: int = 64
     heads: int = 1
     blocks: int = 2
@@ -593,7 +590,7 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
         dp = dp_sgd(loss_fn, opt, num_examples=N, batch_size=cfg.batch_size, l2_clip=cfg.l2_clip, delta=cfg.delta,
                     steps=steps, noise_multiplier=sigma, method=cfg.clipping, normalize=cfg.normalize, unit="user",
                     batch_chunk=cfg.batch_chunk)
-        accumulate, apply = _clipped_accumulate(loss_fn, cfg), dp.apply
+        accumulate, apply = dp.accumulate, dp.apply
         # the noisy update compiles as soon as σ is known, beside the state's allocation and the steps below
         state_shape = jax.eval_shape(dp.init, params, k_noise)
         apply_ready = pool.submit(_precompile, apply, state_shape, state_shape.params)
@@ -758,14 +755,14 @@ def _lower_first_step(data, cfg, model, loss_fn, k_init, N, q, windows, k_sample
     L, M = data.maxlen, data.n_items
     params = jax.eval_shape(model.init, k_init, jnp.zeros((1, L), jnp.int32))
     aux = jax.eval_shape(_reatt_inputs, 1.0, np.ones(M + 1, np.float32)) if cfg.model == "dpformer" else None
+    accumulate = clipped_accumulate(loss_fn, float(cfg.l2_clip), cfg.clipping, bool(cfg.normalize), cfg.batch_chunk)
     idx = poisson_indices(jax.random.fold_in(k_sample, 0), N, q)
     idx = idx[idx < data.n_users]
     shapes = {}
     for _, batch, mask in step_batches(data, idx, windows, cfg.chunk_rows, jax.random.fold_in(k_dropout, 0)):
         spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), (batch, mask))
         shapes[(batch["input"].shape, mask.shape)] = spec
-    return [_clipped_for(loss_fn, cfg, *batch["input"].shape).lower(params, params, batch, mask, aux)
-            for batch, mask in shapes.values()]
+    return [accumulate.lower(params, params, batch, mask, aux) for batch, mask in shapes.values()]
 
 
 def _precompile(fn, *args) -> None:
@@ -783,42 +780,21 @@ class _PlainState(NamedTuple):
     step: jax.Array
 
 
-def pass_users(batch_chunk, B: int, L: int) -> int:
-    """Users per pass over a physical chunk of B users × L positions, for the DP-SGD step's clipping engine and the
-    non-private reference alike: `batch_chunk` as in `jdp.clipping` (None: the whole chunk; an int: at most that
-    many); "auto": the whole chunk on accelerators, on CPU at most CPU_PASS_ROWS positions. The chunk is split
-    evenly into that many passes, so the last one pads few rows."""
+def _nonprivate_chunk(batch_chunk, B: int, L: int) -> int:
+    """Users per pass of the non-private step: `batch_chunk` as in `jdp.clipping` (None: the whole physical
+    chunk); "auto" on CPU: about NONPRIVATE_CPU_ROWS positions, so a pass's [rows, M+1] logits and softmax stay
+    in cache instead of streaming through memory several times (elsewhere: the whole chunk)."""
     if batch_chunk is None:
         return B
     if batch_chunk == "auto":
-        if jax.default_backend() != "cpu":
-            return B
-        most = max(1, CPU_PASS_ROWS // L)
-    else:
-        most = int(batch_chunk)
-    passes = -(-B // most)
-    return -(-B // passes)
-
-
-def _clipped_for(loss_fn, cfg: TrainConfig, B: int, L: int):
-    """`jdp.clipping.clipped_accumulate` for chunks of B users × L positions: the run's clipping settings in passes
-    of `pass_users` (one jitted function per pass size, shared by every chunk shape that has it)."""
-    return clipped_accumulate(loss_fn, float(cfg.l2_clip), cfg.clipping, bool(cfg.normalize),
-                              pass_users(cfg.batch_chunk, B, L))
-
-
-def _clipped_accumulate(loss_fn, cfg: TrainConfig):
-    """The DP-SGD step's accumulate(params, acc, batch, mask, aux) over physical chunks of any shape (`_clipped_for`)."""
-    def accumulate(params, acc, batch, mask, aux=None):
-        B, L = batch["input"].shape
-        return _clipped_for(loss_fn, cfg, B, L)(params, acc, batch, mask, aux)
-    return accumulate
+        return B if jax.default_backend() != "cpu" else min(B, max(1, NONPRIVATE_CPU_ROWS // L))
+    return min(B, int(batch_chunk))
 
 
 def _nonprivate_step(loss_fn, opt, params, batch_size: float, batch_chunk: int | str | None = "auto"):
     """NON-PRIVATE reference twin of DPSGD.accumulate / apply: unclipped gradient sums, no noise, divided
     by the expected batch size like the private step. Each physical chunk runs as a loop over passes of
-    `pass_users` users (as the private step's), the gradient sum in the loop's carry."""
+    `_nonprivate_chunk` users (the private engine's `batch_chunk`), the gradient sum in the loop's carry."""
     tx = optax.chain(optax.scale(1.0 / batch_size), opt)
 
     def grad_sum(params, batch, keep, aux):
@@ -828,7 +804,7 @@ def _nonprivate_step(loss_fn, opt, params, batch_size: float, batch_chunk: int |
     def accumulate(params, acc, batch, mask, aux=None):
         keep = jnp.asarray(mask)
         B, L = batch["input"].shape
-        chunk = pass_users(batch_chunk, B, L)
+        chunk = _nonprivate_chunk(batch_chunk, B, L)
         if chunk >= B:
             loss, g = grad_sum(params, batch, keep, aux)
         else:

@@ -223,36 +223,6 @@ def test_chunked_dp_sgd_sum_equals_one_full_window_batch():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=1e-6)
 
 
-def test_pass_users_splits_a_chunk_evenly_into_passes_of_at_most_the_allowed_size():
-    assert train.pass_users(None, 341, 3) == 341
-    assert train.pass_users(16, 341, 3) == 16          # 22 passes, the last with 5 padded rows
-    assert train.pass_users(5, 12, 50) == 4            # 3 passes of 4, none padded
-    cpu = jax.default_backend() == "cpu"
-    assert train.pass_users("auto", 341, 3) == (38 if cpu else 341)   # <= 128 positions: 9 passes of 38 users
-    assert train.pass_users("auto", 20, 50) == (2 if cpu else 20)
-    assert train.pass_users("auto", 4, 256) == (1 if cpu else 4)
-
-
-@pytest.mark.parametrize("batch_chunk", [None, 2, "auto"])
-def test_dp_step_clips_the_same_sums_in_any_pass_size(batch_chunk):
-    """seqrec's DP-SGD accumulation (jdp.clipping in passes of `pass_users` users) sums the same clipped
-    gradients as the engine over the whole chunk at once."""
-    d = _toy(n_users=10)
-    model = models.make_model("dpformer", d.n_items, d.maxlen, d=8, heads=1, blocks=1, dropout=0.0)
-    params = jax.jit(model.init)(jax.random.key(0), jnp.asarray(d.train_input[:2]))
-    loss_fn = models.make_loss_fn(model)
-    cfg = train.TrainConfig(l2_clip=0.05, batch_chunk=batch_chunk)
-    batch = {"input": jnp.asarray(d.train_input), "target": jnp.asarray(d.train_target),
-             "key": jax.random.split(jax.random.key(3), 10)}
-    mask = jnp.asarray(np.arange(10) < 7)
-    zero = jax.tree_util.tree_map(jnp.zeros_like, params)
-    got, sums = train._clipped_accumulate(loss_fn, cfg)(params, zero, batch, mask)
-    want, _ = jc.clipped_accumulate(loss_fn, 0.05, batch_chunk=None)(params, zero, batch, mask)
-    assert int(sums["count"]) == 7
-    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=1e-7)
-
-
 @pytest.mark.parametrize("batch_chunk", [None, 3, "auto"])
 def test_nonprivate_step_sums_the_same_gradients_in_any_pass_size(batch_chunk):
     """The NON-PRIVATE reference step's gradient sum over a physical chunk (masked padding rows) is the sum
