@@ -23,8 +23,8 @@ Host memory: glibc's default malloc, as users get it; `--reuse-host-memory` call
 freed memory instead of faulting in fresh pages on every call). Recorded as `host_malloc`.
 Epoch times are steady-state: (mean time of the timed epoch's steps that compiled no new chunk shape) × steps
 per epoch, where the timed epoch follows `--warm-epochs` (default 1) untimed ones: a first epoch compiles most
-chunk shapes and, in the background, the evaluation, whose compilations slowed some of its later steps (by up
-to 0.9 s in DP runs); the first epoch's total including compilation is recorded too. Ratios are within this run; `--rounds R` repeats
+chunk shapes and, in the background, the evaluation (a DP epoch timed after a warm one was no faster, 2026-11-29,
+but it leaves compilation out by construction); the first epoch's total including compilation is recorded too. Ratios are within this run; `--rounds R` repeats
 the floor and the variants R times in turn (a busy shared host drifts between processes) and the summary
 takes each one's median over the rounds.
 """
@@ -119,12 +119,12 @@ def variant(name: str, data_path: str, steps: int, negatives: int = 1024, warm_e
     first = t[:per_epoch].sum() if steps <= 0 else t.sum() * per_epoch / n  # the first epoch, with compilation
     timed = slice(warm_epochs * per_epoch, n)
     t_timed = t[timed]
-    warm = np.array(r.timings["step_new_shapes"])[timed] == 0
-    steady = float(t_timed[warm].mean()) if warm.any() else float(t_timed.mean())
+    compiled_none = np.array(r.timings["step_new_shapes"])[timed] == 0
+    steady = float(t_timed[compiled_none].mean()) if compiled_none.any() else float(t_timed.mean())
     return {"variant": name, "clipping": cfg.clipping, "chunk_rows": cfg.chunk_rows, "negatives": cfg.negatives,
             "batch_chunk": cfg.batch_chunk,
             "steps_run": int(n), "warm_epochs": warm_epochs, "steps_timed": int(t_timed.size),
-            "steps_per_epoch": per_epoch, "steady_steps": int(warm.sum()), "step_s": t.tolist(),
+            "steps_per_epoch": per_epoch, "steady_steps": int(compiled_none.sum()), "step_s": t.tolist(),
             "epoch_s": steady * per_epoch, "total_s_with_compile": float(first),
             "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
 
