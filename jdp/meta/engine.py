@@ -70,11 +70,13 @@ def select_and_grad(learner, spec: FlatSpec, h: jax.Array, data: PyTree, mask: j
 
 
 def routed_sum(learner, spec, h, data, mask, keys, weights, clip) -> jax.Array:
-    """Σ_tasks weight · onehot(chosen model) ⊗ clipped gradient -> [q, D] (data leaves [b, n, ...])."""
-    a, g = jax.vmap(select_and_grad, in_axes=(None, None, None, 0, 0, 0, None))(
-        learner, spec, h, data, mask, keys, clip)
-    onehot = jax.nn.one_hot(a, h.shape[0], dtype=g.dtype) * weights[:, None]
-    return onehot.T @ g
+    """Σ_tasks weight · onehot(chosen model) ⊗ clipped gradient -> [q, D] (data leaves [b, n, ...]). Traced at
+    `noise.SUM_PRECISION`: the sum is a matmul, which TF32 would round past the clip."""
+    with noise.exact_matmuls():
+        a, g = jax.vmap(select_and_grad, in_axes=(None, None, None, 0, 0, 0, None))(
+            learner, spec, h, data, mask, keys, clip)
+        onehot = jax.nn.one_hot(a, h.shape[0], dtype=g.dtype) * weights[:, None]
+        return onehot.T @ g
 
 
 def _gather(data, mask, idx):

@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jdp import noise
+
 ROWS_PER_BATCH = 65536  # gathered rows per scan iteration: bounds memory at ROWS_PER_BATCH·d floats
 
 
@@ -149,14 +151,16 @@ def class_tasks(plan: GramPlan) -> tuple[jax.Array, ...]:
 
 
 def class_gram(feats, src, sqrt_w, label):
-    """One length class of one shard: src/sqrt_w/label [n, L] -> A [n, d, d], b [n, d]."""
+    """One length class of one shard: src/sqrt_w/label [n, L] -> A [n, d, d], b [n, d]. The products sum bounded
+    per-user contributions, so they run at `noise.SUM_PRECISION` (TF32 would round them past the bound)."""
     n, length = src.shape
     batch = min(n, max(1, ROWS_PER_BATCH // length))
 
     def step(_, xs):
         s, w, y = xs
         x = feats[s] * w[..., None]                    # √w·x   [batch, L, d]
-        return None, (jnp.einsum("nld,nle->nde", x, x), jnp.einsum("nld,nl->nd", x, w * y))
+        with noise.exact_matmuls():
+            return None, (jnp.einsum("nld,nle->nde", x, x), jnp.einsum("nld,nl->nd", x, w * y))
 
     xs = tuple(v.reshape(n // batch, batch, length) for v in (src, sqrt_w, label))
     _, (a, b) = jax.lax.scan(step, None, xs)
