@@ -586,11 +586,16 @@ def _clip_batch(loss_fn, plan, leaves, treedef, params, Cs, leaf_label, labels, 
         sensitivity=sensitivity, partition_labels=labels)
 
 
-def per_example_grads_reference(loss_fn: Callable, params: Any, batch: Any) -> Any:
-    """NON-PRIVATE reference: per-example gradients [B, ...] by vmap(grad) (B x params memory)."""
+def per_example_grads_reference(loss_fn: Callable, params: Any, batch: Any,
+                                matmul_precision: str | None = "highest") -> Any:
+    """NON-PRIVATE reference: per-example gradients [B, ...] by vmap(grad) (B x params memory), with
+    `clipped_grad`'s default precision (on GPUs TF32 would make the reference the inexact side)."""
     def one(ex):
         return jax.grad(lambda p: jnp.reshape(loss_fn(p, jax.tree.map(lambda x: x[None], ex)), ()))(params)
-    return jax.vmap(one)(batch)
+    if matmul_precision is None:
+        return jax.vmap(one)(batch)
+    with jax.default_matmul_precision(matmul_precision):
+        return jax.vmap(one)(batch)
 
 
 def explain(loss_fn: Callable, params: Any, batch: Any, method: str = "auto",

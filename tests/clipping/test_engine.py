@@ -98,6 +98,9 @@ def seq_batch(B, L, vocab, seed=0, pad_id=None):
     return {"x": x, "y": y}
 
 
+CPU_CHUNK_RULE = pytest.mark.skipif(jax.default_backend() != "cpu",
+                                    reason="the CPU rule of batch_chunk='auto' (on GPU/TPU: the whole batch)")
+
 _PER_EXAMPLE = {}
 
 
@@ -374,6 +377,7 @@ def test_bad_inputs():
     assert int(cg.num_nonfinite) == 1 and float(cg.clip_factors[2]) == 0.0
 
 
+@CPU_CHUNK_RULE
 def test_batch_chunk_runs_the_batch_in_chunks_with_the_same_result(monkeypatch):
     """"auto" on CPU: chunks of a power of two ≥ MIN_CHUNK examples whose per-example state is about
     CPU_CHUNK_BYTES (shrunk here so that a batch of 7 splits into chunks of 2, the last one padded); exact
@@ -406,6 +410,7 @@ class TiedTiny(nn.Module):
         return embed.attend(nn.tanh(embed(ids)))[:, -1]     # [B, 50] logits of the last position
 
 
+@CPU_CHUNK_RULE
 def test_auto_chunks_keep_instantiated_gradients_in_one_piece():
     """"auto" takes chunks in which every instantiated per-example gradient fits `memory_limit` at once (the
     50 x 8 tied embedding, 1,600 bytes per example: a limit of 3 examples -> chunks of 2), so they are kept

@@ -193,7 +193,8 @@ def test_ridge_closed_form_equals_gd_and_envelope_gradient():
     np.testing.assert_allclose(gd.fit(h, data, mask, KEY), w_ridge, atol=1e-3)
     # ∇ of the Moreau envelope L(h) = min_w R(w) + λ/2‖w−h‖² is λ(h − w_h)
     env = lambda hh: RIDGE.objective(RIDGE.fit(hh, data, mask, KEY), hh, data, mask)
-    np.testing.assert_allclose(jax.grad(env)(h), M.meta_gradient(RIDGE, h, data, mask, KEY), atol=1e-4)
+    with jax.default_matmul_precision("highest"):  # an identity of the maths: GPUs' TF32 missed atol by 4%
+        np.testing.assert_allclose(jax.grad(env)(h), M.meta_gradient(RIDGE, h, data, mask, KEY), atol=1e-4)
     # minibatch SGD uses only real (mask = 1) examples: padding with garbage changes nothing in expectation
     sgd = M.SGDLearner(M.squared_loss, lam=0.8, steps=5, lr=0.1, batch_size=3)
     m2 = mask.at[-2:].set(0.0)
