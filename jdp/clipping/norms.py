@@ -169,11 +169,12 @@ def _gram(X: jax.Array) -> jax.Array:
     ~3x faster on CPU from X laid out as [B,P,T] (measured at T = 2..50, P = 23,716: 20–45 ms vs
     68–118 ms); the barrier keeps XLA from folding the transpose back into the dot, so the layout is
     materialised once (fused with the zeroing of dropped rows when that precedes it). Since XLA's CPU dots
-    run on YNNPACK (jax 0.10) the plain einsum is faster in isolation up to T ~ 32, but inside the DP step
-    only at T <= 3, and the whole step gained less than its run-to-run noise (benchmarks/README.md#seqrec),
-    so the rule stays."""
+    run on YNNPACK (jax 0.10) the plain einsum is faster in isolation up to T ~ 32, but inside seqrec's DP
+    step only at T <= 3: four interleaved A/Bs there, the last over 6 Poisson steps x 3 rounds, took its
+    length-3 chunks 12-15% and its length-2 chunks 4-5% faster, about 2% of the step
+    (benchmarks/README.md#seqrec)."""
     T, P = X.shape[1], X.shape[2]
-    if T == 1 or P <= 4 * T:  # (T = 1: a row norm, nothing to gain)
+    if T <= 3 or P <= 4 * T:  # (T = 1: a row norm, nothing to gain)
         return jnp.einsum("btp,bup->btu", X, X)
     Xt = jax.lax.optimization_barrier(jnp.swapaxes(X, 1, 2))
     return jnp.einsum("bpt,bpu->btu", Xt, Xt)
