@@ -175,7 +175,8 @@ def clip_contribution(x: jax.Array, max_norm: float | jax.Array, axis: int = -1)
 # Matrix products that form a released sum of bounded contributions run in full float32. On GPUs JAX's default
 # float32 matmuls use TF32 (10-bit mantissas): each contribution is rounded by up to ~1e-3 relative, past the
 # sensitivity the accountant uses (one example's clipped gradient measured 1.00036·C on an H100; a task's
-# meta-gradient 1.0000135·C on an H200). On CPUs it is the same computation and costs nothing.
+# meta-gradient 1.0000135·C on an H200); TPUs' default is coarser still (bfloat16 passes). On CPUs it is the same
+# computation and costs nothing.
 SUM_PRECISION = "highest"
 
 

@@ -27,6 +27,7 @@ import numpy as np
 
 from jdp.clipping import norms as _norms
 from jdp.clipping import taps as _taps
+from jdp.noise import SUM_PRECISION
 from jdp.validation import check_positive
 
 METHODS = ("auto", "bk", "ghost", "ghost-two-pass", "vmap")
@@ -286,7 +287,7 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
                  l2_clip: float | Mapping[Any, float], mask: jax.Array | None = None,
                  method: str = "auto", normalize: bool = False, group_ids: jax.Array | None = None,
                  num_groups: int | None = None, clip_partition: Any = None,
-                 memory_limit: int = DEFAULT_MEMORY_LIMIT, matmul_precision: str | None = "highest",
+                 memory_limit: int = DEFAULT_MEMORY_LIMIT, matmul_precision: str | None = SUM_PRECISION,
                  aux: Any = None, batch_chunk: int | str | None = "auto") -> ClippedGrad:
     """Sum of per-example (or per-group) clipped gradients, exactly, without B x params memory.
 
@@ -321,8 +322,8 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
         None: the whole batch; an int: that many examples. With group_ids the whole batch (a unit's examples
         must be clipped together). A batch that is not a multiple is padded with masked-out rows.
       matmul_precision: precision of every matmul traced here (`jax.default_matmul_precision`).
-        "highest" (default) keeps float32: on GPUs the default TF32 matmuls computed the norms and
-        the clipped sum with different rounding, and one example's contribution measured up to
+        "highest" (default, `jdp.noise.SUM_PRECISION`) keeps float32: on GPUs the default TF32 matmuls
+        computed the norms and the clipped sum with different rounding, and one example's contribution measured up to
         1.00036·C on an H100. None keeps the caller's setting (faster there; the bound then holds
         only up to that rounding).
 
@@ -587,7 +588,7 @@ def _clip_batch(loss_fn, plan, leaves, treedef, params, Cs, leaf_label, labels, 
 
 
 def per_example_grads_reference(loss_fn: Callable, params: Any, batch: Any,
-                                matmul_precision: str | None = "highest") -> Any:
+                                matmul_precision: str | None = SUM_PRECISION) -> Any:
     """NON-PRIVATE reference: per-example gradients [B, ...] by vmap(grad) (B x params memory), with
     `clipped_grad`'s default precision (on GPUs TF32 would make the reference the inexact side)."""
     def one(ex):
@@ -626,7 +627,7 @@ def explain(loss_fn: Callable, params: Any, batch: Any, method: str = "auto",
                          if c.mats or c.lookups or c.insts}
         return jnp.zeros(())
 
-    with jax.default_matmul_precision("highest"):
+    with jax.default_matmul_precision(SUM_PRECISION):
         jax.eval_shape(trace, leaves, batch)
     plan = out["plan"]
     rows = [{"site": s.index, "layer": s.layer, "method": s.method, "kind": s.kind,

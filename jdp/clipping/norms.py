@@ -174,7 +174,7 @@ def _gram(X: jax.Array) -> jax.Array:
     length-3 chunks 12-15% and its length-2 chunks 4-5% faster, about 2% of the step
     (benchmarks/README.md#seqrec)."""
     T, P = X.shape[1], X.shape[2]
-    if T <= 3 or P <= 4 * T:  # (T = 1: a row norm, nothing to gain)
+    if T <= 3 or P <= 4 * T:  # (P ≤ 4T: nothing to gain from the layout)
         return jnp.einsum("btp,bup->btu", X, X)
     Xt = jax.lax.optimization_barrier(jnp.swapaxes(X, 1, 2))
     return jnp.einsum("bpt,bpu->btu", Xt, Xt)
