@@ -46,7 +46,8 @@ def test_the_check_sees_a_default_precision_matmul():
 
 
 def test_meta_routed_sum_of_clipped_task_gradients():
-    """Every meta method (meta-NSGD, DP-FTMRL, private clustering) releases `engine.routed_sum` plus noise."""
+    """Every meta method (meta-NSGD, DP-FTMRL, private clustering) releases `engine.routed_sum` plus noise; meta-NSGD
+    runs it inside `engine.train`, whose whole program is checked too."""
     key = jax.random.PRNGKey(0)
     tasks = M.single_cluster_regression(key, 5, n_points=6, dim=3, mean=1.0)[0]
     spec = meta_engine.FlatSpec.of(jnp.zeros(3))
@@ -55,6 +56,11 @@ def test_meta_routed_sum_of_clipped_task_gradients():
     fn = lambda data, mask, h: meta_engine.routed_sum(M.RidgeLearner(lam=0.8), spec, h, data, mask, keys,
                                                         jnp.ones(5), 1.5)
     assert_all_highest(fn, tasks.data, tasks.mask, h)
+    for sampling in ("poisson", "fixed"):  # meta-NSGD's whole noisy training program (engine.train)
+        run = lambda data, mask, h, s=sampling: meta_engine.train(
+            key, data, mask, h, learner=M.RidgeLearner(lam=0.8), spec=spec, batch_size=2, sampling=s, steps=2,
+            n_active=5, meta_lr=0.5, clip=1.5, noise_std=1.0, radius=jnp.inf)
+        assert_all_highest(run, tasks.data, tasks.mask, h)
 
 
 def test_task_weighted_gram_of_user_features():
