@@ -28,4 +28,10 @@ test-slow: $(VENV)/.installed
 test-all: $(VENV)/.installed
 	$(PY) -m pytest -q -p no:cacheprovider $(TEST_WORKERS)
 
-.PHONY: install demo test test-slow test-all
+# the default suite on a GPU, in a Python that already has jax with CUDA and jdp's dependencies (no venv is made:
+# e.g. `make test-gpu PY=python3`); 8 workers share the GPU, each allocating only what it uses
+test-gpu:
+	JAX_PLATFORMS=cuda XLA_PYTHON_CLIENT_PREALLOCATE=false $(PY) -m pytest -q -m "not slow" -p no:cacheprovider \
+		--durations=25 -n 8 --dist loadfile -rfE
+
+.PHONY: install demo test test-slow test-all test-gpu
