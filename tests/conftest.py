@@ -28,6 +28,19 @@ _COMPILE_CACHE = tempfile.TemporaryDirectory(prefix="jdp-test-xla-")
 jax.config.update("jax_compilation_cache_dir", _COMPILE_CACHE.name)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
+
+
+def pytest_collection_modifyitems(config, items):
+    """`multi_device` tests skip on a platform with fewer than four devices (a one-GPU machine); on the CPU conftest
+    always gives four, so there they run."""
+    if jax.default_backend() == "cpu" or len(jax.devices()) >= 4:
+        return
+    skip = pytest.mark.skip(reason="needs four devices (conftest gives the CPU four)")
+    for item in items:
+        if item.get_closest_marker("multi_device"):
+            item.add_marker(skip)
+
+
 SHARED_DATASETS = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
 
 

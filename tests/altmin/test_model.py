@@ -2,7 +2,6 @@ import dataclasses
 import json
 
 import dp_accounting
-import jax
 import numpy as np
 import pytest
 
@@ -199,8 +198,7 @@ def test_count_ridge_uses_each_tasks_released_count():
         np.testing.assert_allclose(theta[t], ref, rtol=2e-4, atol=2e-5)
 
 
-@pytest.mark.skipif(jax.default_backend() != "cpu" and len(jax.devices()) < 4,
-                    reason="needs 4 devices (conftest gives the CPU four)")
+@pytest.mark.multi_device
 def test_sharded_item_update_equals_unsharded(small):
     _, (train, _, _) = small
     kw = dict(method="ada-dpals", epsilon=3.0, steps=2, dim=4, show_progress=False)

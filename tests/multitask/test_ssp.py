@@ -8,10 +8,6 @@ from jdp.multitask import gram, ssp, weights as W
 from jdp.multitask.counts import private_counts, private_mean
 from jdp.multitask.noisy_gd import NoisyGDConfig, task_weighted_noisy_gd
 
-# the fake CPU devices of conftest; a GPU machine of one device skips these
-FOUR_DEVICES = pytest.mark.skipif(jax.default_backend() != "cpu" and len(jax.devices()) < 4,
-                                  reason="needs 4 devices (conftest gives the CPU four)")
-
 
 def _random_instance(seed, m=12, n=60, d=3, density=0.3):
     rng = np.random.default_rng(seed)
@@ -115,7 +111,7 @@ def test_bucketed_gram_equals_segment_sum_reference():
         np.testing.assert_allclose(np.asarray(b)[plan.flat_index], ref_b, rtol=1e-4, atol=1e-3)
 
 
-@FOUR_DEVICES
+@pytest.mark.multi_device
 def test_ssp_sharded_equals_unsharded_and_recovers_tasks():
     assert len(jax.devices()) >= 4
     rng = np.random.default_rng(0)
@@ -137,7 +133,7 @@ def test_ssp_sharded_equals_unsharded_and_recovers_tasks():
     assert rep.releases[0].noise_scale == pytest.approx(0.5 * np.sqrt(10.0))
 
 
-@FOUR_DEVICES
+@pytest.mark.multi_device
 def test_prior_mean_of_the_last_coordinate_centres_the_ridge_on_the_same_release():
     """`prior_last`: exact statistics give (A + λI)θ = b + λ·t·e (e the constant last feature), on one device and
     sharded over four; noisy ones keep the released (Â, b̂) columns bit for bit (post-processing of one release),
