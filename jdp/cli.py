@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib
 import importlib.util
 import json
 import os
 import pathlib
 import sys
+import threading
+from typing import NoReturn
 
 import jdp
 from jdp.hostmem import reuse_freed_memory_if_requested
@@ -117,5 +120,26 @@ def main(argv: list[str] | None = None) -> int:
     return int(result or 0)
 
 
+def exit_fast(code: int) -> NoReturn:
+    """Ends the process once a command has returned, without the interpreter's teardown (which frees every module
+    and XLA's compiled programs one by one: 0.55-0.65 s after a 10 s `jdp seqrec --data synthetic` on a 2-core
+    CPU, while the results are already printed). What a normal exit does that matters still happens: other
+    threads are joined, the atexit handlers run (JAX's clean-up and distributed shutdown, logging's flush) and
+    the standard streams are flushed; every file a command writes is closed when it returns."""
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def entry_point() -> NoReturn:
+    """The `jdp` console command: `main` on sys.argv, then `exit_fast` (an exception still exits the usual way,
+    with its traceback)."""
+    exit_fast(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry_point()

@@ -121,3 +121,24 @@ def test_demo_flags_private_rows_above_the_zero_cost_baseline(capsys, monkeypatc
     expected = sum(1 for method, eps, mu in demo.RUNS if eps == 1.0 and (mu or 0.25) == 0.25)
     assert len(flagged) == expected and all(line.split()[1] == "1" for line in flagged)
     assert any(line.startswith(f"! {expected} private row(s) above the zero-cost baseline 1.0000") for line in lines)
+
+
+def test_the_console_command_exits_fast_after_a_clean_finish(tmp_path):
+    # entry_point skips the interpreter's teardown (os._exit) but still runs the atexit handlers, flushes the
+    # streams and passes the exit code on; the result file is complete
+    import json
+    import subprocess
+    import sys
+    out = tmp_path / "run.json"
+    code = ("import atexit, sys; atexit.register(lambda: print('atexit ran')); from jdp.cli import entry_point; "
+            "sys.argv = ['jdp'] + sys.argv[1:]; entry_point()")
+    args = ["select", "run", "--mechanism", "em", "--epsilon", "1", "--scenario", "bimodal-positive",
+            "--problems", "20", "--k", "5", "--seed", "0", "--out", str(out)]
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.rstrip().endswith("atexit ran")
+    assert json.loads(out.read_text())["privacy_scope"]
+    refused = subprocess.run([sys.executable, "-c", code, "altmin", "--data", "movielens", "--data-path",
+                              str(tmp_path / "missing.dat")], capture_output=True, text=True)
+    assert refused.returncode == 2 and "does not exist" in refused.stderr
+    assert refused.stdout.rstrip().endswith("atexit ran")
