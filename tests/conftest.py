@@ -10,10 +10,9 @@ import pytest
 # (JAX_PLATFORMS=cuda, `make test-gpu`) the level stays XLA's own (only the CPU's gain was measured), and
 # scatter-adds run in a fixed order: some tests compare two runs bit for bit, and atomic adds moved the last bit
 # of a sum between runs.
-if os.environ.get("JAX_PLATFORMS", "cpu") == "cpu":
-    _FLAGS = "--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0"
-else:
-    _FLAGS = "--xla_force_host_platform_device_count=4 --xla_gpu_deterministic_ops=true"
+_FLAGS = "--xla_force_host_platform_device_count=4 " + (
+    "--xla_backend_optimization_level=0" if os.environ.get("JAX_PLATFORMS", "cpu") == "cpu"
+    else "--xla_gpu_deterministic_ops=true")
 os.environ.setdefault("XLA_FLAGS", _FLAGS)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # CLI entry points turn on JAX's persistent compilation cache (jdp.cli.enable_compilation_cache); tests call
@@ -27,7 +26,6 @@ import jax  # noqa: E402  (after the environment above, which jax reads when it 
 _COMPILE_CACHE = tempfile.TemporaryDirectory(prefix="jdp-test-xla-")
 jax.config.update("jax_compilation_cache_dir", _COMPILE_CACHE.name)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-
 
 
 def pytest_collection_modifyitems(config, items):
