@@ -261,6 +261,52 @@ def test_nonfinite_unmasked_example_is_counted_and_contributes_nothing(method):
         np.testing.assert_allclose(_flat(g), _flat(want), rtol=1e-5, atol=1e-6, err_msg=kind)
 
 
+def gated_loss(p, b):
+    """loss_fn plus sqrt(|g · mean logit|): with g = 0 the loss is finite (0 added) and every gradient of the
+    example is NaN (sqrt's derivative at 0 times 0), so only its factors, not its loss, are non-finite."""
+    tok, bag = Model().apply({"params": p}, b)
+    return _ce(tok, b["yt"]).sum(-1) + _ce(bag, b["y"]) + jnp.sqrt(jnp.abs(b["g"] * tok.mean(axis=(1, 2))))
+
+
+@functools.lru_cache(maxsize=None)
+def _gated_program(method):
+    def f(p, b, m):
+        return [jc.clipped_grad(gated_loss, p, b, l2_clip=C, mask=m, method=method, **kw)
+                for kw in (CONFIGS["plain"], CONFIGS["user"])]
+    return _jit(f)
+
+
+@pytest.mark.parametrize("method", jc.METHODS)
+def test_a_finite_loss_with_a_nonfinite_gradient_is_dropped_and_never_poisons_the_sum(method):
+    """The worst case of the finiteness check: an example whose loss is finite but whose every gradient factor
+    (logit gradients of the tied embedding, lookup rows, Dense factors) is NaN, so only its factors can tell.
+    Masked out (rows 3 and 7), grad_sum is the clean one and nothing is counted; unmasked (row 4), it is
+    counted, gets factor 0 and norm inf, and grad_sum equals the run that masks it out (per user: its user 2
+    is dropped as a whole)."""
+    params, batch = _case()
+    ones = jnp.ones(B, jnp.float32)
+    clean = {**batch, "g": ones}
+    prog = _gated_program(method)
+    ref_plain, ref_user = prog(params, clean, ALL)
+    assert np.all(np.isfinite(_flat(ref_plain.grad_sum))) and int(ref_plain.num_nonfinite) == 0
+    mask = jnp.array([1, 1, 1, 0, 1, 1, 1, 0], bool)
+    masked_clean = prog(params, clean, mask)
+    got = prog(params, {**batch, "g": ones.at[jnp.array([3, 7])].set(0.0)}, mask)
+    for r, want in zip(got, masked_clean):
+        assert int(r.num_nonfinite) == 0
+        np.testing.assert_allclose(_flat(r.grad_sum), _flat(want.grad_sum), rtol=1e-5, atol=1e-6)
+    gated = {**batch, "g": ones.at[4].set(0.0)}
+    assert np.all(np.isfinite(np.asarray(gated_loss(params, gated))))   # the loss alone would not flag it
+    plain, user = prog(params, gated, ALL)
+    assert int(plain.num_nonfinite) == 1 and float(plain.clip_factors[4]) == 0.0 and np.isinf(float(plain.norms[4]))
+    np.testing.assert_allclose(_flat(plain.grad_sum), _flat(prog(params, clean, jnp.arange(B) != 4)[0].grad_sum),
+                               rtol=1e-5, atol=1e-6)
+    assert int(user.num_nonfinite) == 1 and float(user.clip_factors[2]) == 0.0
+    assert np.all(np.asarray(user.clip_factors)[[0, 1, 3]] > 0)
+    np.testing.assert_allclose(_flat(user.grad_sum), _flat(prog(params, clean, GID != 2)[1].grad_sum),
+                               rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("method", ["auto", "ghost-two-pass", "vmap"])
 def test_a_batch_run_in_chunks_equals_the_whole_batch_and_its_padding_adds_nothing(method):
     """batch_chunk=3 on B = 8 runs three chunks of 3, the last one padded with a repeat of example 7 that is
