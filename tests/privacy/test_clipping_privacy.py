@@ -287,7 +287,7 @@ def test_a_finite_loss_with_a_nonfinite_gradient_is_dropped_and_never_poisons_th
     ones = jnp.ones(B, jnp.float32)
     clean = {**batch, "g": ones}
     prog = _gated_program(method)
-    ref_plain, ref_user = prog(params, clean, ALL)
+    ref_plain, _ = prog(params, clean, ALL)
     assert np.all(np.isfinite(_flat(ref_plain.grad_sum))) and int(ref_plain.num_nonfinite) == 0
     mask = jnp.array([1, 1, 1, 0, 1, 1, 1, 0], bool)
     masked_clean = prog(params, clean, mask)
