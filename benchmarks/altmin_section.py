@@ -200,7 +200,48 @@ def _blas_peer(r: dict) -> str:
     return (f" Nor does BLAS: numpy's stacked matmul ({r['numpy_blas']}, one GEMM per task) on the same pre-gathered "
             f"classes takes {r['numpy_batched_matmul_alone_seconds']:.2f} s, "
             f"{100 * r['numpy_batched_matmul_alone_fraction_of_numpy_dense']:.0f}% of numpy's own dense rate "
-            f"({r['numpy_dense_matmul_gflops']:.0f} GFLOP/s) in the same run (`numpy_matmul_gflops` per class).")
+            f"({r['numpy_dense_matmul_gflops']:.0f} GFLOP/s) in the same run (`numpy_matmul_gflops` per class)."
+)
+
+
+def _kernel_peers(k: dict) -> list[str]:
+    """The Gram's kernel beside its peers on the same pre-gathered padded classes (`--kernels-only` run)."""
+    peak, flops_s = k["dense_matmul_gflops"], lambda t: 2 * k["nnz"] * (k["d"] + 1) ** 2 / t / 1e9
+    rows = [("XLA: the whole build (gather, weighting, batched matmul), as jdp runs it", k["gram_seconds"], peak, "XLA"),
+            ("XLA's batched matmul alone", k["batched_matmul_alone_seconds"], peak, "XLA"),
+            (f"numpy's stacked matmul ({k['numpy_blas']}, one GEMM per task)", k["numpy_batched_matmul_alone_seconds"],
+             k["numpy_dense_matmul_gflops"], "numpy")]
+    if "mkl_batched_matmul_alone_seconds" in k:
+        rows.append(("MKL's batched GEMM (`cblas_sgemm_batch_strided`, threads across the batch)",
+                     k["mkl_batched_matmul_alone_seconds"], k["mkl_dense_matmul_gflops"], "MKL"))
+    out = [f"The Gram's kernel beside its peers (`{k['command']}`, commit `{k['git_commit'][:10]}`, {k['device']}; "
+           "`benchmarks/results/altmin_speed_kernels.json`): the same padded length classes and scan batches of the "
+           f"d = {k['d']} item update, the peers on rows gathered and weighted beforehand (no gather), all in one process. "
+           "GFLOP/s count the real ratings' flops, as the table above; each kernel's share is of its own library's "
+           "dense 4096² GEMM in the same process (XLA "
+           + ", ".join(f"{name} {rate:.0f}" for name, rate in
+                       [("", peak), ("numpy", k["numpy_dense_matmul_gflops"])] + (
+                           [("MKL", k["mkl_dense_matmul_gflops"])] if "mkl_dense_matmul_gflops" in k else [])).lstrip()
+           + " GFLOP/s).", "", "| kernel | s | GFLOP/s | % of its library's dense rate | % of XLA's dense rate |",
+           "|---|---|---|---|---|"]
+    for name, t, dense, _ in rows:
+        out.append(f"| {name} | {t:.2f} | {flops_s(t):.0f} | {100 * flops_s(t) / dense:.0f}% | {100 * flops_s(t) / peak:.0f}% |")
+    if "mkl_batched_matmul_alone_seconds" in k:
+        mkl = [c["mkl_matmul_gflops"] for c in k["batched_matmul_alone_by_class"]]
+        out += ["", f"Per class MKL ran at {min(mkl):.0f}–{max(mkl):.0f} GFLOP/s on the padded rows (`mkl_matmul_gflops`), "
+                f"XLA at {min(c['matmul_gflops'] for c in k['batched_matmul_alone_by_class']):.0f}–"
+                f"{max(c['matmul_gflops'] for c in k['batched_matmul_alone_by_class']):.0f}. MKL is the fastest kernel "
+                "found for these 65 × 65 Grams, the only one that runs short tasks on both cores. Alone in a process "
+                "(no jax; scratch, 2026-12-01, batches of 65,536 random rows) it reached 57–70% of its dense rate at "
+                "96–16,384 rows per task (46% at 24, 17% at 8); over this plan's padding (×"
+                f"{k['padding_factor']:.2f} rows) that is 46–56% of the dense rate on the real ratings' flops with "
+                "the gather free, and the gather of the users' rows has taken 25–50% of every build measured. So the "
+                "50% target is above what the libraries available here reach on this layout, and would need a kernel "
+                "that gathers inside the GEMM. (Scratch checks on 2026-12-01, not kept: XLA's oneDNN, XNNPACK and "
+                "YNNPACK dot options; the classes unrolled into independent programs' chunks so that XLA's thunk "
+                "executor runs them concurrently; numpy on two threads with single-threaded OpenBLAS: none faster "
+                "beyond the host's noise.)"]
+    return out
 
 
 # Measured text kept with the table (benchmarks/altmin_gram_cores.py and scratch variants; see the commits named)
@@ -377,6 +418,10 @@ def render() -> str:
                          "(most tasks have < 400 rows, where XLA's batched dot on this CPU runs at 12–30% of its dense "
                          "rate even on gathered-in-advance input) keep the Gram below the dense rate.")]
             lines += ["", GRAM_CORES_TEXT, "", GRAM_TIME_TEXT]
+            kernels, _ = _load("altmin_speed_kernels")
+            if kernels:
+                lines += [""] + _kernel_peers({**kernels["results"][0], "command": kernels["command"],
+                                               "git_commit": kernels["git_commit"], "device": kernels["device"]})
         parts = [r for r in speed["results"] if "breakdown_seconds" in r]
         if parts:
             names = list(parts[0]["breakdown_seconds"])

@@ -5,15 +5,22 @@ Everything is measured in one process, side by side: the dense-matmul throughput
 AdaDPALS step as `jdp.altmin.fit` runs it (exact user solves for all users with their biases, then the
 private item update on features [clip(u), γ₀]: Gram, noise, adaptive ridge solve), beside the same step
 written the simple way it was before (the class Grams concatenated into one [tasks, d+1, d+1] array, per-task
-noise drawn inside a vmap, one batched solve); plus where the step's time goes.
+noise drawn inside a vmap, one batched solve); plus where the step's time goes. Peers for the Gram's kernel on the
+same pre-gathered classes: numpy's stacked matmul (its BLAS) and, when the `mkl` wheel is installed (extra
+bench-altmin), MKL's batched GEMM.
 
     PYTHONPATH=. python -m benchmarks.altmin_speed            # ML-20M size, d = 64 and 128
     PYTHONPATH=. python -m benchmarks.altmin_speed --quick    # small smoke run
+    PYTHONPATH=. python -m benchmarks.altmin_speed --dims 64 --kernels-only   # the Gram's kernel and its peers
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
+import glob
 import math
+import os
+import sys
 import time
 
 import jax
@@ -72,6 +79,52 @@ def batched_matmul_seconds(plan, d: int) -> tuple[float, float, list[dict]]:
     return total, total_np, per_class
 
 
+def _mkl_library():
+    """MKL's runtime library (libmkl_rt, Linux) when the `mkl` wheel is installed (`pip install mkl`, the extra
+    bench-altmin), else None: the peer is optional, jdp never uses it."""
+    for path in sorted(glob.glob(os.path.join(sys.prefix, "lib", "libmkl_rt.so*"))):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        c_int, ptr = ctypes.c_int, ctypes.c_void_p  # LP64 interface: 32-bit integers
+        lib.cblas_sgemm.argtypes = [c_int] * 6 + [ctypes.c_float, ptr, c_int, ptr, c_int, ctypes.c_float, ptr, c_int]
+        lib.cblas_sgemm_batch_strided.argtypes = ([c_int] * 6 + [ctypes.c_float, ptr, c_int, c_int, ptr, c_int, c_int,
+                                                  ctypes.c_float, ptr, c_int, c_int, c_int])
+        lib.cblas_sgemm.restype = lib.cblas_sgemm_batch_strided.restype = None
+        return lib
+    return None
+
+
+ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112  # CBLAS enums
+
+
+def mkl_batched_matmul_seconds(plan, d: int, lib) -> tuple[float, float, list[float]]:
+    """The best BLAS peer found for this shape: MKL's batched GEMM (`cblas_sgemm_batch_strided`, which threads across
+    the batch, unlike XLA's batched dot and numpy's stacked matmul) on the same pre-gathered padded classes and scan
+    batches as `batched_matmul_seconds`, no gather. Returns its total, MKL's own dense rate and its GFLOP/s per class."""
+    # inputs from numpy, not jax: XLA's worker threads spin for a while after a program and would share the cores
+    n = 4096
+    a = np.random.default_rng(0).standard_normal((n, n), np.float32)
+    c = np.empty_like(a)
+    dense = 2 * n**3 / timed(lambda: lib.cblas_sgemm(ROW_MAJOR, NO_TRANS, NO_TRANS, n, n, n, 1.0, a.ctypes.data, n,
+                                                     a.ctypes.data, n, 0.0, c.ctypes.data, n)) / 1e9
+    total, per_class = 0.0, []
+    for cl in plan.classes:
+        tasks, length = cl.src.shape[1], cl.src.shape[2]
+        batch = min(tasks, max(1, gram.ROWS_PER_BATCH // length))
+        x = np.random.default_rng(length).standard_normal((batch, length, d), np.float32)
+        g = np.empty((batch, d, d), np.float32)
+        t = timed(lambda: lib.cblas_sgemm_batch_strided(ROW_MAJOR, TRANS, NO_TRANS, d, d, length, 1.0, x.ctypes.data, d,
+                                                        length * d, x.ctypes.data, d, length * d, 0.0, g.ctypes.data,
+                                                        d, d * d, batch))
+        if not np.allclose(g[0], x[0].T @ x[0], rtol=1e-4, atol=1e-3):
+            raise AssertionError("MKL's batched GEMM disagrees with numpy")
+        total += t * (tasks / batch)
+        per_class.append(2 * batch * length * d * d / t / 1e9)
+    return total, dense, per_class
+
+
 def numpy_dense_gflops(n=4096):
     a = np.asarray(jax.random.normal(jax.random.key(0), (n, n), jnp.float32))
     return 2 * n**3 / timed(lambda: a @ a) / 1e9
@@ -106,6 +159,8 @@ def main():
     ap.add_argument("--dims", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--baseline-ratings", type=int, default=1_000_000,
                     help="segment_sum baseline runs on this many ratings (it is slow); GFLOP/s are comparable")
+    ap.add_argument("--kernels-only", action="store_true",
+                    help="only the Gram build and its kernel peers on the same classes (no step), a few minutes")
     args = ap.parse_args()
     size = dict(n_users=136_677, n_items=20_108, nnz=10_000_000)
     if args.quick:
@@ -140,6 +195,31 @@ def main():
         gram_fn = jax.jit(lambda f: [gram.class_gram(f, *cl) for cl in one_shard])
         t_gram = timed(lambda: gram_fn(feats))
         t_matmul, t_matmul_np, matmul_classes = batched_matmul_seconds(plan, d + 1)
+        mkl = _mkl_library()
+        if mkl is not None:
+            t_matmul_mkl, peak_mkl, mkl_rates = mkl_batched_matmul_seconds(plan, d + 1, mkl)
+            for cls, rate in zip(matmul_classes, mkl_rates):
+                cls["mkl_matmul_gflops"] = rate
+        kernels = {
+            "d": d, "n_users": data.n_users, "n_items": data.n_items, "nnz": data.nnz, "padding_factor": plan.padded_rows / data.nnz,
+            "dense_matmul_gflops": peak,
+            "gram_seconds": t_gram, "gram_gflops": flops / t_gram / 1e9, "gram_fraction_of_dense": flops / t_gram / 1e9 / peak,
+            "batched_matmul_alone_seconds": t_matmul, "batched_matmul_alone_fraction_of_dense": flops / t_matmul / 1e9 / peak,
+            "batched_matmul_alone_by_class": matmul_classes,
+            # the peers on the same pre-gathered classes: numpy's stacked matmul (BLAS), against numpy's own dense
+            # rate, and MKL's batched GEMM when installed
+            "numpy_blas": numpy_blas, "numpy_dense_matmul_gflops": peak_np,
+            "numpy_batched_matmul_alone_seconds": t_matmul_np,
+            "numpy_batched_matmul_alone_fraction_of_numpy_dense": flops / t_matmul_np / 1e9 / peak_np,
+            **({} if mkl is None else {
+                "mkl_dense_matmul_gflops": peak_mkl, "mkl_batched_matmul_alone_seconds": t_matmul_mkl,
+                "mkl_batched_matmul_alone_fraction_of_mkl_dense": flops / t_matmul_mkl / 1e9 / peak_mkl,
+                "mkl_batched_matmul_alone_fraction_of_dense": flops / t_matmul_mkl / 1e9 / peak}),
+        }
+        if args.kernels_only:
+            rows.append(kernels)
+            print({k: (round(x, 4) if isinstance(x, float) else x) for k, x in kernels.items() if k != "batched_matmul_alone_by_class"}, flush=True)
+            continue
         # plain baseline on a prefix of the ratings
         nb = min(args.baseline_ratings, data.nnz)
         base = lambda: gram.segment_sum_gram(feats, jnp.asarray(data.item[:nb]), jnp.asarray(data.user[:nb]),  # noqa: E731
@@ -182,15 +262,7 @@ def main():
         del grams
         t_item_solve = timed(lambda: item_solve(a_all, b_all), repeats=2)
         row = {
-            "d": d, "n_users": data.n_users, "n_items": data.n_items, "nnz": data.nnz,
-            "dense_matmul_gflops": peak,
-            "gram_seconds": t_gram, "gram_gflops": flops / t_gram / 1e9, "gram_fraction_of_dense": flops / t_gram / 1e9 / peak,
-            "batched_matmul_alone_seconds": t_matmul, "batched_matmul_alone_fraction_of_dense": flops / t_matmul / 1e9 / peak,
-            "batched_matmul_alone_by_class": matmul_classes,
-            # the peer: numpy's stacked matmul (BLAS) on the same pre-gathered classes, against numpy's own dense rate
-            "numpy_blas": numpy_blas, "numpy_dense_matmul_gflops": peak_np,
-            "numpy_batched_matmul_alone_seconds": t_matmul_np,
-            "numpy_batched_matmul_alone_fraction_of_numpy_dense": flops / t_matmul_np / 1e9 / peak_np,
+            **kernels,
             "segment_sum_ratings": nb, "segment_sum_seconds": t_base,
             "segment_sum_gflops": 2 * nb * (d + 1) ** 2 / t_base / 1e9,
             "segment_sum_fraction_of_dense": 2 * nb * (d + 1) ** 2 / t_base / 1e9 / peak,
@@ -200,12 +272,12 @@ def main():
             "item_ridge": lam, "gram_noise_std": std_a,
             "breakdown_seconds": {"user_gram": t_user_gram, "user_cholesky_solve": max(t_users - t_user_gram, 0.0),
                                   "item_gram": t_gram, "item_gram_noise": t_noise, "item_cholesky_adaptive_solve": t_item_solve},
-            "item_plan_seconds_once": plan_seconds, "user_plan_seconds_once": user_plan_seconds, "padding_factor": plan.padded_rows / data.nnz,
+            "item_plan_seconds_once": plan_seconds, "user_plan_seconds_once": user_plan_seconds,
         }
         rows.append(row)
         print({k: (round(x, 4) if isinstance(x, float) else x) for k, x in row.items()}, flush=True)
-    path = write_results("altmin_speed" + ("_quick" if args.quick else ""), rows,
-                         command="python -m benchmarks.altmin_speed" + (" --quick" if args.quick else ""))
+    name = "altmin_speed" + ("_kernels" if args.kernels_only else "") + ("_quick" if args.quick else "")
+    path = write_results(name, rows)
     print(f"wrote {path}")
 
 
