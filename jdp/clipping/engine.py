@@ -16,6 +16,7 @@ Methods:
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Any, Callable, Mapping
@@ -328,9 +329,11 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
         only up to that rounding).
 
     Embedding lookups use the rows nn.Embed itself reads (`lookup_rows`): -1 is the last row, not
-    padding. Masked-out examples and examples whose loss or gradient is not finite are set to exact
-    zeros with `where` before any norm or sum (their NaNs never reach grad_sum); a non-finite unmasked
-    unit contributes nothing and is counted in num_nonfinite (eagerly, a ValueError is raised).
+    padding. Masked-out examples and examples whose loss or gradient is not finite never reach grad_sum:
+    a chunk whose norms, taken from its factors as recorded (a NaN or inf in any factor shows there), and
+    losses are all finite is summed with weight 0 on masked rows; any other chunk is recomputed with those
+    examples' factors set to exact zeros by `where` before any norm or sum. A non-finite unmasked unit
+    contributes nothing and is counted in num_nonfinite (eagerly, a ValueError is raised).
 
     Unit of privacy: one example (or one group_ids unit); neighbouring relation add/remove one unit.
     Returns a ClippedGrad; grad_sum has L2 sensitivity `sensitivity`.
@@ -493,12 +496,44 @@ def check_batch_chunk(batch_chunk):
 def _clip_batch(loss_fn, plan, leaves, treedef, params, Cs, leaf_label, labels, sensitivity, method, normalize,
                 memory_limit, batch, w, group_ids, N, in_loop=False) -> ClippedGrad:
     """`clipped_grad` on one batch (or `in_loop`: one chunk of a loop) with the 0/1 row indicator w [B]
-    (validated by the caller)."""
+    (validated by the caller).
+
+    Per-example norms without groups first come from the factors as recorded: a NaN or inf in any factor
+    of an example makes its squared norm non-finite (`norms.sq_norms_diag`), so when every row's norm and
+    loss is finite, masked rows and all, no factor holds one and the clipped sum is taken from them
+    directly. Otherwise (`lax.cond`) the chunk is recomputed on the checked path, which zeroes the factors
+    of every dropped example before any norm or sum (`_clip_checked`). Both give the same result on
+    finite inputs; the first skips a check and a zeroed copy of every factor (the largest, a tied output
+    layer's [B, T, vocabulary] logit gradients, costs passes as long as its matmuls)."""
     B = _batch_size(batch)
     plan, losses, contribs = _factored_grads(loss_fn, leaves, treedef, batch, method, memory_limit, plan, in_loop)
     mth = "ghost" if method == "ghost" else "auto"
-    K = len(labels)
+    finish = functools.partial(_finish, loss_fn, leaves, treedef, params, Cs, leaf_label, labels, sensitivity,
+                               method, normalize, batch, w, group_ids, losses)
+    checked = functools.partial(_clip_checked, finish, leaf_label, len(labels), mth, memory_limit, w, group_ids,
+                                N, losses)
+    if (group_ids is not None or method == "ghost-two-pass"
+            or any(c.checks for c in contribs.values())):   # (`checks`: inputs of a batch-mixing op)
+        return checked(contribs)
+    sq = _diag_sq_norms(contribs, leaf_label, len(labels), B, mth, memory_limit, zeroed=False)
+    clean = jnp.all(jnp.isfinite(sq)) & jnp.all(jnp.isfinite(losses))
+    fresh = {i: dataclasses.replace(c, dense=None) for i, c in contribs.items()}   # as before any norm
+    return jax.lax.cond(clean, lambda: finish(contribs, sq, w, w > 0, jnp.zeros((B,), bool), all_finite=True),
+                        lambda: checked(fresh))
 
+
+def _diag_sq_norms(contribs, leaf_label, K, B, mth, memory_limit, zeroed=True) -> jax.Array:
+    """[B, K] squared norms per example and parameter group."""
+    sq = [jnp.zeros((B,), jnp.float32) for _ in range(K)]
+    for i, c in contribs.items():
+        if c.mats or c.lookups or c.insts:
+            sq[leaf_label[i]] = sq[leaf_label[i]] + _norms.sq_norms_diag(c, mth, memory_limit, zeroed)
+    return jnp.stack(sq, axis=1)
+
+
+def _clip_checked(finish, leaf_label, K, mth, memory_limit, w, group_ids, N, losses, contribs) -> ClippedGrad:
+    """The checked path of `_clip_batch`: dropped examples' factors zeroed before any norm or sum."""
+    B = w.shape[0]
     # An example is dropped (all its factors set to exact zeros with `where`, before any norm or sum)
     # when it is masked out or when its loss or any factor of its gradient is not finite: 0 * NaN is
     # NaN, so a zero weight alone would let a padding row's NaN poison every sum it enters.
@@ -509,26 +544,26 @@ def _clip_batch(loss_fn, plan, leaves, treedef, params, Cs, leaf_label, labels, 
 
     # Squared norms per parameter group k, per unit n.
     if group_ids is None:
-        sq = [jnp.zeros((B,), jnp.float32) for _ in range(K)]
-        for i, c in contribs.items():
-            if c.mats or c.lookups or c.insts:
-                sq[leaf_label[i]] = sq[leaf_label[i]] + _norms.sq_norms_diag(c, mth, memory_limit)
-        sq = jnp.stack(sq, axis=1)                                   # [B, K]
-        unit_w = w
-        unit_bad = ex_bad
-    else:
-        # ||sum_{b in n} g_b||^2 = sum over pairs (b, c) of unit n of <g_b, g_c>; pairs of other units
-        # are excluded with `where` (not multiplied by 0) so no other unit's value can leak in.
-        same = (group_ids[:, None] == group_ids[None, :]) & keep[:, None] & keep[None, :]
-        sq = [jnp.zeros((N,), jnp.float32) for _ in range(K)]
-        for i, c in contribs.items():
-            if c.mats or c.lookups or c.insts:
-                Kb = _norms.sq_norms_pairs(c, mth)
-                rows = jnp.sum(jnp.where(same, Kb, 0.0), axis=1)
-                sq[leaf_label[i]] = sq[leaf_label[i]] + jax.ops.segment_sum(rows, group_ids, num_segments=N)
-        sq = jnp.stack(sq, axis=1)                                   # [N, K]
-        unit_w = (jax.ops.segment_max(w, group_ids, num_segments=N) > 0).astype(jnp.float32)
-        unit_bad = jax.ops.segment_max(ex_bad.astype(jnp.int32), group_ids, num_segments=N) > 0
+        return finish(contribs, _diag_sq_norms(contribs, leaf_label, K, B, mth, memory_limit), w, keep, ex_bad)
+    # ||sum_{b in n} g_b||^2 = sum over pairs (b, c) of unit n of <g_b, g_c>; pairs of other units
+    # are excluded with `where` (not multiplied by 0) so no other unit's value can leak in.
+    same = (group_ids[:, None] == group_ids[None, :]) & keep[:, None] & keep[None, :]
+    sq = [jnp.zeros((N,), jnp.float32) for _ in range(K)]
+    for i, c in contribs.items():
+        if c.mats or c.lookups or c.insts:
+            Kb = _norms.sq_norms_pairs(c, mth)
+            rows = jnp.sum(jnp.where(same, Kb, 0.0), axis=1)
+            sq[leaf_label[i]] = sq[leaf_label[i]] + jax.ops.segment_sum(rows, group_ids, num_segments=N)
+    unit_w = (jax.ops.segment_max(w, group_ids, num_segments=N) > 0).astype(jnp.float32)
+    unit_bad = jax.ops.segment_max(ex_bad.astype(jnp.int32), group_ids, num_segments=N) > 0
+    return finish(contribs, jnp.stack(sq, axis=1), unit_w, keep, unit_bad)
+
+
+def _finish(loss_fn, leaves, treedef, params, Cs, leaf_label, labels, sensitivity, method, normalize, batch, w,
+            group_ids, losses, contribs, sq, unit_w, keep, unit_bad, all_finite=False) -> ClippedGrad:
+    """Clip factors from the squared norms sq [N, K] of the units (weights unit_w, non-finite unit_bad), and the
+    clipped sum of the examples kept (`keep`) by book-keeping (or a second backward)."""
+    K = len(labels)
     gnorms = jnp.sqrt(jnp.maximum(sq, 0.0))
     # a norm that overflows is not finite either: the unit is dropped like a NaN one
     finite = ~unit_bad & jnp.all(jnp.isfinite(gnorms), axis=1)
@@ -552,7 +587,8 @@ def _clip_batch(loss_fn, plan, leaves, treedef, params, Cs, leaf_label, labels, 
         for i, x in enumerate(leaves):
             c = contribs[i]
             if c.mats or c.lookups or c.insts:
-                out.append(_norms.clipped_sum(c, ex_factors[:, leaf_label[i]]).astype(jnp.result_type(x)))
+                out.append(_norms.clipped_sum(c, ex_factors[:, leaf_label[i]], all_finite)
+                           .astype(jnp.result_type(x)))
             else:
                 out.append(jnp.zeros(np.shape(x), jnp.result_type(x)))
         return jax.tree.unflatten(treedef, out)

@@ -162,26 +162,37 @@ def lookup_sq_norms(ids: jax.Array, R: jax.Array) -> jax.Array:
     return jax.vmap(one)(ids, R)
 
 
-def _gram(X: jax.Array) -> jax.Array:
-    """Per-example Grams X_b X_bᵀ [B,T,T] of X [B,T,P].
+# Longest window at which the Gram of factors as recorded (not zeroed) is a plain einsum: with no zeroing
+# pass to ride on, the [B,P,T] copy below is extra traffic. In seqrec's DP step (interleaved A/B, 2 Poisson
+# samples' chunks of windows 5-20) the einsum up to 32 beat the copy from 9 on: windows 12 / 20 at 1.03 /
+# 1.04x the non-private passes against 1.16 / 1.22x (benchmarks/README.md#seqrec).
+RAW_GRAM_EINSUM_MAX_T = 32
+
+
+def _gram(X: jax.Array, zeroed: bool = True) -> jax.Array:
+    """Per-example Grams X_b X_bᵀ [B,T,T] of X [B,T,P] (`zeroed`: X was just written by the zeroing of
+    dropped rows, which the [B,P,T] copy below rides on; else X is the factor as recorded).
 
     When P ≫ T (e.g. the logit gradients of a tied output layer, P = vocabulary) the batched GEMM runs
     ~3x faster on CPU from X laid out as [B,P,T] (measured at T = 2..50, P = 23,716: 20–45 ms vs
     68–118 ms); the barrier keeps XLA from folding the transpose back into the dot, so the layout is
     materialised once (fused with the zeroing of dropped rows when that precedes it). Since XLA's CPU dots
     run on YNNPACK (jax 0.10) the plain einsum is faster in isolation up to T ~ 32, but inside seqrec's DP
-    step only at T <= 3: four interleaved A/Bs there, the last over 6 Poisson steps x 3 rounds, took its
-    length-3 chunks 12-15% and its length-2 chunks 4-5% faster, about 2% of the step
-    (benchmarks/README.md#seqrec)."""
+    step on zeroed factors only at T <= 3: four interleaved A/Bs there, the last over 6 Poisson steps x 3
+    rounds, took its length-3 chunks 12-15% and its length-2 chunks 4-5% faster, about 2% of the step
+    (benchmarks/README.md#seqrec). On factors as recorded it is the einsum up to RAW_GRAM_EINSUM_MAX_T."""
     T, P = X.shape[1], X.shape[2]
-    if T <= 3 or P <= 4 * T:  # (P ≤ 4T: nothing to gain from the layout)
+    if T <= 3 or P <= 4 * T or (not zeroed and T <= RAW_GRAM_EINSUM_MAX_T):  # (P ≤ 4T: no gain from the layout)
         return jnp.einsum("btp,bup->btu", X, X)
     Xt = jax.lax.optimization_barrier(jnp.swapaxes(X, 1, 2))
     return jnp.einsum("bpt,bpu->btu", Xt, Xt)
 
 
-def sq_norms_diag(c: LeafContribs, method: str, memory_limit: int) -> jax.Array:
-    """Per-example squared norms [B] of one leaf's gradient."""
+def sq_norms_diag(c: LeafContribs, method: str, memory_limit: int, zeroed: bool = True) -> jax.Array:
+    """Per-example squared norms [B] of one leaf's gradient (`zeroed`: see `_gram`).
+
+    Every term is a sum of products of factor values, so a NaN or inf in any factor of an example makes its
+    squared norm NaN or inf (0 * inf is NaN too): finite norms prove finite factors (`engine._clip_batch`)."""
     n2 = 0.0
     inst_mat = choose_instantiate(c, method)
     R_l = ids = None
@@ -192,7 +203,7 @@ def sq_norms_diag(c: LeafContribs, method: str, memory_limit: int) -> jax.Array:
     if c.mats and not inst_mat:
         L = _cat([l for l, _ in c.mats])
         R = _cat([r for _, r in c.mats])
-        gl, gr = _gram(L), _gram(R)
+        gl, gr = _gram(L, zeroed), _gram(R, zeroed)
         n2 = n2 + jnp.sum(gl * gr, axis=(1, 2))
         if c.lookups:
             cols = _gather_cols(L, ids)                       # [B, Tm, Tl]
@@ -278,13 +289,14 @@ def sq_norms_pairs(c: LeafContribs, method: str) -> jax.Array:
     return K
 
 
-def clipped_sum(c: LeafContribs, weights: jax.Array) -> jax.Array:
-    """sum_b weights_b U_b, shaped like the leaf (book-keeping: no second backward)."""
+def clipped_sum(c: LeafContribs, weights: jax.Array, all_finite: bool = False) -> jax.Array:
+    """sum_b weights_b U_b, shaped like the leaf (book-keeping: no second backward). `all_finite`: every
+    example's squared norm is known to be finite (then so is every entry of an instantiated U_b)."""
     P, Q = c.pq if c.pq is not None else (1, int(math.prod(c.shape)))
     out = jnp.zeros((P, Q), jnp.float32)
     if c.dense is not None:  # the mats and insts instantiated by `sq_norms_diag`
         # a dropped example's product of finite factors may overflow (its norm did): where, not 0 * inf = NaN
-        dense = jnp.where((weights != 0)[:, None, None], c.dense, 0.0)
+        dense = c.dense if all_finite else jnp.where((weights != 0)[:, None, None], c.dense, 0.0)
         out = out + jnp.einsum("b,bqp->pq", weights.astype(dense.dtype), dense)
     for L, R in ([] if c.dense is not None else c.mats):
         # scale the smaller factor (for Embed.attend, L holds the [B,T,vocab] logit gradients) and

@@ -307,6 +307,52 @@ def test_a_finite_loss_with_a_nonfinite_gradient_is_dropped_and_never_poisons_th
                                rtol=1e-5, atol=1e-6)
 
 
+class ZeroPartner(nn.Module):
+    """A Dense layer whose output at the positions `keep` hides is replaced by 0 before the loss: there its
+    output gradient is exactly 0, so a NaN or inf input there leaves the loss finite and meets only zeros in
+    every product the norms take (the gradient itself is NaN: NaN * 0)."""
+    width: int
+
+    @nn.compact
+    def __call__(self, b):
+        h = nn.Dense(self.width)(b["x"])
+        h = jnp.where(b["keep"][..., None], h, 0.0)
+        return jnp.sum(jnp.tanh(h) ** 2, axis=(-2, -1))
+
+
+@pytest.mark.parametrize("method,width,positions", [("auto", 3, 4), ("auto", 64, 2), ("ghost", 3, 4)])
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_a_nonfinite_factor_that_meets_only_zeros_is_still_dropped(method, width, positions, value):
+    """The worst case for norms taken from the factors as recorded (`engine._clip_batch` skips the zeroing
+    when every norm is finite): example 2's input is non-finite only at a position whose output gradient is
+    exactly 0, in a layer whose norm is instantiated (width 3) or ghosted (width 64, or method ghost), compiled
+    at XLA's default optimisation level as users run it. It must be counted and contribute nothing, whole
+    and in chunks, and grad_sum must equal the run that masks it out."""
+    model = ZeroPartner(width)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(B, positions, width)).astype(np.float32)
+    keep = np.ones((B, positions), bool)
+    keep[2, 1] = False
+    batch = {"x": jnp.asarray(x), "keep": jnp.asarray(keep)}
+    params = model.init(jax.random.PRNGKey(0), jax.tree.map(lambda a: a[:1], batch))["params"]
+
+    def loss(p, b):
+        return model.apply({"params": p}, b)
+
+    poisoned = {**batch, "x": batch["x"].at[2, 1].set(value)}
+    assert np.all(np.isfinite(np.asarray(loss(params, poisoned))))
+    run = jax.jit(lambda p, b, m, k: jc.clipped_grad(loss, p, b, l2_clip=0.5, mask=m, method=method,
+                                                     batch_chunk=k), static_argnums=3)
+    want = run(params, batch, jnp.arange(B) != 2, None)
+    for k in (None, 3):
+        got = run(params, poisoned, ALL, k)
+        assert int(got.num_nonfinite) == 1 and float(got.clip_factors[2]) == 0.0 and np.isinf(float(got.norms[2]))
+        np.testing.assert_allclose(_flat(got.grad_sum), _flat(want.grad_sum), rtol=1e-5, atol=1e-7)
+        masked = run(params, poisoned, jnp.arange(B) != 2, k)   # masked out: nothing counted, the same sum
+        assert int(masked.num_nonfinite) == 0
+        np.testing.assert_allclose(_flat(masked.grad_sum), _flat(want.grad_sum), rtol=1e-5, atol=1e-7)
+
+
 @pytest.mark.parametrize("method", ["auto", "ghost-two-pass", "vmap"])
 def test_a_batch_run_in_chunks_equals_the_whole_batch_and_its_padding_adds_nothing(method):
     """batch_chunk=3 on B = 8 runs three chunks of 3, the last one padded with a repeat of example 7 that is
