@@ -109,7 +109,8 @@ SUMMARY = [
     ('seqrec',
      'DP-SGD epoch ÷ non-private epoch (Amazon Games, full softmax, B = 1024)',
      'not in paper',
-     '1.40 (60.7 s vs 43.5 s at 2cce6af, 2-core CPU; 0.95, 1.28 and 1.48 in earlier runs on other days; target ≤ 1.3)',
+     '1.19 (63.0 s vs 52.9 s, both in one process, at f9a978c, 2-core CPU; 1.28 with the engine before it, same day); '
+     '1.24 with each in its own process (3 rounds: 1.09-1.34; 1.25-1.45 before f9a978c); target ≤ 1.3',
      '—',
      'seqrec'),
     ('selection',

@@ -13,6 +13,9 @@ Measured on one machine in one run:
   `vmap_epoch_s` (the engine's exact vmap reference, a few steps only: it materialises B × params), each
   in its own process (peak RSS), on the same Poisson samples (same key), DPFormer d=64, 2 blocks, 1 head,
   dropout 0.5, batch 1024, the library's default length windows and chunk size;
+- `paired_nonprivate_epoch_s` / `paired_dp_epoch_s` (variant `paired`): the same two steps in ONE process,
+  alternating step by step on the same samples (`paired`), so that drift between processes cancels; their
+  ratio is reported beside the target's (whose epochs each ran in a process of their own);
 - `dp_whole_epoch_s` / `nonprivate_whole_epoch_s`: the same DP-SGD / plain gradients with `batch_chunk=None`
   (each physical chunk in one pass instead of the library default "auto": on CPU, passes of a few users;
   variants `dp_whole` / `nonprivate_whole`, not in the default list);
@@ -44,6 +47,8 @@ import numpy as np
 from benchmarks.common import write_results
 
 TARGETS = {"nonprivate_epoch_s / floor_epoch_s": 1.5, "dp_epoch_s / nonprivate_epoch_s": 1.3}
+FULL = ["nonprivate", "dp", "paired", "vmap", "dp_sampled"]   # the variants of `seqrec_speed.json`
+PAIRED_KEY = "paired_dp_epoch_s / paired_nonprivate_epoch_s"   # the same ratio, both in one process (`paired`)
 
 
 def _data(path):
@@ -129,6 +134,74 @@ def variant(name: str, data_path: str, steps: int, negatives: int = 1024, warm_e
             "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
 
 
+def paired(data_path: str, epochs: int = 1, warm_epochs: int = 1) -> dict:
+    """DP-SGD and the non-private reference in ONE process, step by step on the same Poisson samples and
+    physical chunks (the order alternating every step), so that a host's drift between processes, which has
+    moved DP ÷ non-private by ±0.1 between runs, hits both alike: each variant's epoch is the sum of its
+    steady steps (steps that compiled no new chunk shape for either), scaled to the epoch's steps; the
+    per-step ratios' median and quartiles are recorded too. Same settings as `variant` (DPFormer, B 1024)."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from jdp.clipping import dp_sgd
+    from jdp.clipping.dp_sgd import poisson_indices
+    from jdp.seqrec import reattention as ra
+    from jdp.seqrec import train as tr
+    from jdp.seqrec.models import make_loss_fn, make_model
+    data = _data(data_path)
+    cfg = tr.TrainConfig(model="dpformer", epsilon=8.0, batch_size=1024, lr=1e-3, dropout=0.5)
+    N, q, steps = tr.sampling_plan(data, cfg)
+    L, M = data.maxlen, data.n_items
+    key = jax.random.key(0)
+    k_init, k_hist, k_train = jax.random.split(key, 3)
+    k_noise, k_sample, k_dropout = jax.random.split(k_train, 3)
+    _, sigma, counts, _ = tr.privacy_setup(data, cfg, k_hist)
+    model = make_model(cfg.model, M, L, cfg.d, cfg.heads, cfg.blocks, cfg.dropout, cfg.activation, cfg.norm,
+                       cfg.ffn_dim, cfg.item_dim)
+    params = jax.jit(model.init)(k_init, jnp.zeros((1, L), jnp.int32))
+    loss_fn = make_loss_fn(model)
+    opt = optax.adamw(tr.lr_schedule(cfg.lr, steps, cfg.warmup_frac), weight_decay=cfg.weight_decay)
+    dp = dp_sgd(loss_fn, opt, num_examples=N, batch_size=cfg.batch_size, l2_clip=cfg.l2_clip, delta=cfg.delta,
+                steps=steps, noise_multiplier=sigma, method=cfg.clipping, normalize=cfg.normalize, unit="user",
+                batch_chunk=cfg.batch_chunk)
+    np_state, np_acc, np_apply = tr._nonprivate_step(loss_fn, opt, params, cfg.batch_size, cfg.batch_chunk)
+    runs = {"nonprivate": [np_state, np_acc, np_apply],
+            "dp": [jax.jit(dp.init)(params, jax.random.key_data(k_noise)), dp.accumulate, dp.apply]}
+    reatt = tr._reatt_inputs(*ra.effective_variances(sigma, cfg.l2_clip, cfg.batch_size, q, counts, cfg.error_scale))
+    windows = np.array(sorted({int(b) for b in cfg.length_buckets if 0 < b < L} | {L}))
+    zero = jax.tree.map(jnp.zeros_like, params)
+    per_epoch = int(np.ceil(data.n_users / cfg.batch_size))
+    times, new_shapes, seen = {v: [] for v in runs}, [], set()
+    for step in range((warm_epochs + epochs) * per_epoch):
+        idx = poisson_indices(jax.random.fold_in(k_sample, step), N, q)   # the rule of every jdp DP-SGD step
+        chunks = tr.step_batches(data, idx[idx < data.n_users], windows, cfg.chunk_rows,
+                                 jax.random.fold_in(k_dropout, step))
+        shapes = {(w, int(m.size)) for w, _, m in chunks}
+        new_shapes.append(len(shapes - seen))
+        seen |= shapes
+        for name in (list(runs) if step % 2 == 0 else list(runs)[::-1]):
+            state, accumulate, apply = runs[name]
+            t0 = time.perf_counter()
+            acc = zero
+            for _, batch, mask in chunks:
+                acc, _ = accumulate(state.params, acc, batch, mask, reatt)
+            state = jax.block_until_ready(apply(state, acc))
+            times[name].append(time.perf_counter() - t0)
+            runs[name][0] = state
+    timed = slice(warm_epochs * per_epoch, None)
+    steady = np.array(new_shapes)[timed] == 0
+    t = {v: np.array(times[v])[timed][steady] for v in runs}
+    ratio = t["dp"] / t["nonprivate"]
+    return {"variant": "paired", "steps_run": len(times["dp"]), "warm_epochs": warm_epochs, "epochs_timed": epochs,
+            "steps_per_epoch": per_epoch, "steady_steps": int(steady.sum()),
+            "step_s": {v: times[v] for v in runs}, "step_new_shapes": new_shapes,
+            "nonprivate_epoch_s": float(t["nonprivate"].mean() * per_epoch), "dp_epoch_s": float(t["dp"].mean() * per_epoch),
+            "dp_over_nonprivate_per_step": {"median": float(np.median(ratio)),
+                                            "quartiles": [float(x) for x in np.percentile(ratio, [25, 75])]},
+            "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data-path", default=None, help="Video.txt (default ../shared/datasets/amazon-games/Video.txt)")
@@ -136,18 +209,21 @@ def main(argv=None) -> int:
     ap.add_argument("--warm-epochs", type=int, default=1, help="untimed epochs before the timed one (with --steps 0)")
     ap.add_argument("--vmap-steps", type=int, default=3)
     ap.add_argument("--negatives", type=int, default=1024, help="negatives per step of the dp_sampled variant")
-    ap.add_argument("--variants", default="nonprivate,dp,vmap,dp_sampled",
+    ap.add_argument("--variants", default=",".join(FULL),
                     help="comma-separated; a subset writes seqrec_speed_<subset>.json instead of seqrec_speed.json")
     ap.add_argument("--reuse-host-memory", action="store_true",
                     help="jdp.hostmem.reuse_freed_memory() in every process, floor included")
     ap.add_argument("--rounds", type=int, default=1, help="floor + variants repeated this many times in turn")
+    ap.add_argument("--paired-epochs", type=int, default=1, help="timed epochs of the paired variant")
     ap.add_argument("--variant", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     os.environ["JDP_HOST_MALLOC"] = "reuse" if args.reuse_host_memory else "system"  # inherited by the variants
     root = pathlib.Path(__file__).resolve().parents[1]
     path = args.data_path or str(root.parent / "shared" / "datasets" / "amazon-games" / "Video.txt")
     if args.variant:
-        print(json.dumps(variant(args.variant, path, args.steps, args.negatives, args.warm_epochs)))
+        row = (paired(path, max(1, args.paired_epochs), args.warm_epochs) if args.variant == "paired" else
+               variant(args.variant, path, args.steps, args.negatives, args.warm_epochs))
+        print(json.dumps(row))
         return 0
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
     floors, runs = [], []
@@ -158,7 +234,7 @@ def main(argv=None) -> int:
             steps = args.vmap_steps if name == "vmap" else args.steps
             out = subprocess.run([sys.executable, "-m", "benchmarks.seqrec_speed", "--variant", name, "--steps",
                                   str(steps), "--data-path", path, "--negatives", str(args.negatives),
-                                  "--warm-epochs", str(args.warm_epochs)],
+                                  "--warm-epochs", str(args.warm_epochs), "--paired-epochs", str(args.paired_epochs)],
                                  capture_output=True, text=True, cwd=root)
             row = ({"variant": name, "error": out.stderr.strip().splitlines()[-1:]} if out.returncode
                    else json.loads(out.stdout.strip().splitlines()[-1]))
@@ -169,6 +245,8 @@ def main(argv=None) -> int:
         "floor_epoch_s_best_rows": float(np.median([f["floor_epoch_s_best_rows"] for f in floors]))}
     rows = {}
     for name in names:  # each variant's median epoch over the rounds (its first row if it failed everywhere)
+        if name == "paired":
+            continue
         ok = [r for r in runs if r["variant"] == name and "epoch_s" in r]
         rows[name] = (dict(ok[0], epoch_s=float(np.median([r["epoch_s"] for r in ok])),
                            peak_rss_gib=max(r["peak_rss_gib"] for r in ok)) if ok
@@ -193,9 +271,20 @@ def main(argv=None) -> int:
                                                                  / summary[f"{name}_epoch_s"])
     if "dp_sampled_epoch_s" in summary and "dp_epoch_s" in summary:
         summary["dp_sampled_epoch_s / dp_epoch_s"] = summary["dp_sampled_epoch_s"] / summary["dp_epoch_s"]
-    summary["targets"] = {k: {"target": v, "met": bool(summary.get(k, np.inf) <= v)} for k, v in TARGETS.items()}
+    pairs = [r for r in runs if r["variant"] == "paired" and "dp_epoch_s" in r]
+    if pairs:  # both in one process, step by step (`paired`): medians over the rounds
+        for k in ("nonprivate_epoch_s", "dp_epoch_s"):
+            summary[f"paired_{k}"] = float(np.median([r[k] for r in pairs]))
+        summary["paired_peak_rss_gib"] = max(r["peak_rss_gib"] for r in pairs)
+        summary[PAIRED_KEY] = summary["paired_dp_epoch_s"] / summary["paired_nonprivate_epoch_s"]
+        summary["paired_dp_over_nonprivate_per_step_median"] = float(np.median(
+            [r["dp_over_nonprivate_per_step"]["median"] for r in pairs]))
+    summary["targets"] = {k: {"target": v, "met": bool(summary[k] <= v)} for k, v in TARGETS.items() if k in summary}
+    if PAIRED_KEY in summary:
+        summary["targets"][PAIRED_KEY] = {"target": TARGETS["dp_epoch_s / nonprivate_epoch_s"],
+                                          "met": bool(summary[PAIRED_KEY] <= TARGETS["dp_epoch_s / nonprivate_epoch_s"])}
     print(json.dumps(summary, indent=1))
-    full = names == ["nonprivate", "dp", "vmap", "dp_sampled"]
+    full = names == FULL
     name = ("seqrec_speed" if full else "seqrec_speed_" + "_".join(names)
             ) + ("_reuse_host_memory" if args.reuse_host_memory else "")
     write_results(name, runs, floor=fl,
