@@ -109,8 +109,8 @@ SUMMARY = [
     ('seqrec',
      'DP-SGD epoch ÷ non-private epoch (Amazon Games, full softmax, B = 1024)',
      'not in paper',
-     '1.19 (63.0 s vs 52.9 s, both in one process, at f9a978c, 2-core CPU; 1.28 with the engine before it, same day); '
-     '1.24 with each in its own process (3 rounds: 1.09-1.34; 1.25-1.45 before f9a978c); target ≤ 1.3',
+     '1.19 / 1.26 (two runs with both in one process, 2-core CPU, since f9a978c; 1.28 with the engine before it, same day); '
+     '1.24 / 0.91 with each in its own process (3 rounds: 1.09-1.34; 1 round; 1.25-1.45 before f9a978c); target ≤ 1.3',
      '—',
      'seqrec'),
     ('selection',
