@@ -114,6 +114,7 @@ def _bias_priors(cfg: "AltMinConfig") -> tuple[float, float]:
 
 
 TUNE_SPLIT_SEED = 0  # fit(tune="private") without valid: the train/valid split (public randomness, never noise)
+TUNE_VALID_FRACTION = 0.1  # fit(tune="private") without valid: each row goes to valid with this probability
 COUNT_UCB = 2.0  # item_step_sizes: an item's count is at most its released count + 2 noise stds (no overshoot)
 POPULARITY_MIN_LOG_RANGE = 1.0  # item_bias_prior_mean: the resolved counts must span a factor e to fit a slope
 MIN_DIRECTION_SNR = 4.0  # default_dim: below this signal-to-noise ratio of one direction, rank 0 (biases only)
@@ -919,8 +920,10 @@ def fit(train: Interactions, cfg: AltMinConfig, seed: int | None = None, *, tune
 
     `tune="private"`: picks the ridge scale / budget from `jdp.altmin.tuning.public_grid(cfg)` privately
     (`tune_private`: every candidate run and the selection in one report of total cfg.epsilon), scoring
-    on `valid` (default: a random 10% of the rows of `train`, split with the public split seed 0; the
-    candidates are fitted on the other 90%). The returned model's report covers the whole tuning.
+    on `valid` (default: about 10% of the rows of `train`, each row chosen by a keyed hash of its own (user,
+    item) pair with the public split seed 0, `jdp.data.split_ratings_by_pair_hash`, so that adding or removing
+    a user moves no other user's rows; the candidates are fitted on the other rows). The returned model's
+    report covers the whole tuning.
 
     Unit: a user; relation: add/remove all ratings of one user. `train.n_users` / `train.n_items` are
     used as PUBLIC sizes (user id space, item catalogue; see the module docstring) and recorded as
@@ -1233,13 +1236,15 @@ def item_update_features(user_factors: jax.Array, cfg: AltMinConfig) -> jax.Arra
 
 def _fit_tuned(train: Interactions, cfg: AltMinConfig, seed: int | None, tune: str, valid: Interactions | None):
     from jdp.altmin.tuning import public_grid, tune_private  # tuning builds on fit
-    from jdp.data import split_ratings
+    from jdp.data import split_ratings_by_pair_hash
     if tune != "private":
         raise ValueError(f"tune must be None or 'private', got {tune!r}")
     if not cfg.private:
         raise ValueError("tune='private' tunes a private method; 'als' is the non-private reference")
     if valid is None:
-        train, valid = split_ratings(train, (0.9, 0.1), seed=TUNE_SPLIT_SEED)
+        # per-row keyed split: one user's rows never move another user's rows between the parts, so
+        # neighbouring inputs stay neighbouring (train, valid) pairs, as tune_private's analysis assumes
+        train, valid = split_ratings_by_pair_hash(train, TUNE_VALID_FRACTION, seed=TUNE_SPLIT_SEED)
     tuned = tune_private(train, valid, public_grid(cfg), epsilon=cfg.epsilon, delta=cfg.delta, seed=seed)
     model = tuned.model
     model.report, model.seed = tuned.report, tuned.seed

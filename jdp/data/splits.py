@@ -1,4 +1,5 @@
-"""Train/valid/test splits: random over ratings (ML10M protocol) and held-out-user fold-in (ML20M protocol).
+"""Train/valid/test splits: random over ratings (ML10M protocol), a per-row keyed split that is local to each
+user (`split_ratings_by_pair_hash`, for splitting private data) and held-out-user fold-in (ML20M protocol).
 
 Data plumbing, not a private routine: nothing is released, and the splits use exact counts
 (e.g. the `min_items` user filter). This matches the evaluation protocols of the papers; the
@@ -9,11 +10,18 @@ private routines). `fold_in_split` re-indexes users and (with `restrict_items=Tr
 exact counts of the data, so its sizes are DATA-DEPENDENT: before training a released model on its
 "train" part, declare public sizes (`restrict_items=False` keeps the item catalogue; replace the
 user count by a public bound, e.g. `dataclasses.replace(out["train"], n_users=bound)`).
+`split_ratings` permutes all rows together, so which rows of one user land in a part depends on every
+other user's rows (adding or removing one user shifts the whole assignment): use it only on data whose
+split is public. `split_ratings_by_pair_hash` assigns each row from a keyed hash of its (user, item) pair
+alone, so adding or removing a user (with all their rows) leaves every other user's parts unchanged: the
+split is a per-user preprocessing step and a neighbouring pair of datasets stays a neighbouring pair of
+(train, valid) splits.
 Duplicate (user, item) rows are split like any other row (copies may land in train and test);
 merge them first (`Interactions.merge_duplicates`) when that matters.
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
@@ -50,6 +58,61 @@ def split_ratings(data: Interactions, fractions: Sequence[float] = (0.8, 0.1, 0.
     bounds = np.concatenate([[0], np.cumsum(sizes), [data.nnz]])
     # Sorting the indices of each part keeps the original order (e.g. by user or by time) inside it.
     return tuple(data.subset(np.sort(perm[bounds[k]:bounds[k + 1]])) for k in range(fr.size))
+
+
+# splitmix64's finaliser (Steele, Lea & Flood 2014): a bijection of 64-bit words whose output bits each
+# depend on every input bit; with the golden-ratio increment it hashes a chain of integers (seed, user, item).
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    x = x ^ (x >> np.uint64(30))
+    x = x * _MIX1  # uint64 arrays wrap modulo 2^64, as the hash intends
+    x = x ^ (x >> np.uint64(27))
+    x = x * _MIX2
+    return x ^ (x >> np.uint64(31))
+
+
+def pair_hash(seed: int, user, item) -> np.ndarray:
+    """uint64 keyed hash of each (user, item) pair: a function of `seed` and that pair only (no row order,
+    no other rows). `seed` in [0, 2^64)."""
+    seed = _check_seed(seed)
+    if seed >= 2**64:
+        raise ValueError(f"seed must be below 2**64, got {seed}")
+    u = np.asarray(user).astype(np.uint64)
+    i = np.asarray(item).astype(np.uint64)
+    h = _mix64(np.full(u.shape, seed, dtype=np.uint64) + _GOLDEN)
+    h = _mix64((h + _GOLDEN) ^ u)
+    return _mix64((h + _GOLDEN) ^ i)
+
+
+def split_ratings_by_pair_hash(data: Interactions, valid_fraction: float = 0.1,
+                               seed: int = 0) -> tuple[Interactions, Interactions]:
+    """(train, valid) split in which each row's part depends on its own (user, item) pair and `seed` only.
+
+    A row goes to valid iff the top 53 bits of `pair_hash(seed, user, item)`, read as a fraction of 2^53, are
+    below `valid_fraction`: each row independently with probability `valid_fraction` (up to 2^-53) over
+    the seed, about `valid_fraction` of the rows overall. Adding or removing one user (and all their
+    rows) changes no other user's rows in either part, which is what a user-level private routine that
+    reads both parts (e.g. `jdp.altmin.tune_private`) needs: neighbouring inputs give neighbouring
+    (train, valid) pairs. The seed may be public (the split is not a release; what is private is the
+    data the parts hold). Every row lands in exactly one part (nothing is dropped; a user may end up with
+    rows in one part only); rows keep their original order inside a part and both parts keep
+    n_users/n_items. Duplicate (user, item) rows land in the same part.
+    """
+    if not isinstance(data, Interactions):
+        raise ValueError(f"data must be Interactions, got {type(data).__name__}")
+    if data.nnz == 0:
+        raise ValueError("data must be non-empty")
+    fraction = float(valid_fraction) if isinstance(valid_fraction, (int, float, np.floating)) and not isinstance(
+        valid_fraction, (bool, np.bool_)) else math.nan
+    if not (0.0 < fraction < 1.0):
+        raise ValueError(f"valid_fraction must lie in (0, 1), got {valid_fraction!r}")
+    threshold = np.uint64(round(fraction * 2.0**53))
+    in_valid = (pair_hash(seed, data.user, data.item) >> np.uint64(11)) < threshold
+    return data.subset(~in_valid), data.subset(in_valid)
 
 
 def _remap_users(part: Interactions, user_ids: np.ndarray, item_map: np.ndarray, n_items: int) -> Interactions:

@@ -110,3 +110,62 @@ def test_fold_in_on_ml100k(datasets_dir):
     assert (n_targ >= 1).all() and np.array_equal(n_targ, np.floor(0.2 * (n_hist + n_targ) + 1e-9))
     a, b = split_ratings(d, (0.8, 0.2), seed=0)
     assert (a.nnz, b.nnz) == (44_300, 11_075)
+
+
+def _rows(d, users=None):
+    """Multiset of (user, item, rating) rows, optionally restricted to `users`."""
+    keep = np.ones(d.nnz, bool) if users is None else np.isin(d.user, users)
+    return sorted(zip(d.user[keep].tolist(), d.item[keep].tolist(), d.rating[keep].tolist()))
+
+
+def test_pair_hash_split_is_local_to_each_user():
+    """Removing or adding one user (with all their rows) leaves every other user's train and valid rows
+    unchanged; split_ratings, which permutes all rows together, does not (the old default of fit's tuning)."""
+    from jdp.data import split_ratings_by_pair_hash
+    d = _random(seed=5, n_users=200, n_items=80, nnz=6000)
+    others = np.arange(1, d.n_users)
+    without = d.subset(d.user != 0)
+    for seed in (0, 11):
+        full, neighbour = split_ratings_by_pair_hash(d, 0.1, seed=seed), split_ratings_by_pair_hash(without, 0.1, seed=seed)
+        for a, b in zip(full, neighbour):
+            assert _rows(a, others) == _rows(b, others) == _rows(b)
+    # adding a brand-new heavy user: again nothing else moves
+    extra = Interactions(np.concatenate([d.user, np.full(80, d.n_users)]), np.concatenate([d.item, np.arange(80)]),
+                         np.concatenate([d.rating, np.full(80, 3.0, np.float32)]), d.n_users + 1, d.n_items)
+    for a, b in zip(split_ratings_by_pair_hash(d), split_ratings_by_pair_hash(extra)):
+        assert _rows(a) == _rows(b, np.arange(d.n_users))
+    # the permutation split moves other users' rows: what this split exists to avoid
+    moved = [_rows(a, others) != _rows(b, others)
+             for a, b in zip(split_ratings(d, (0.9, 0.1), seed=0), split_ratings(without, (0.9, 0.1), seed=0))]
+    assert all(moved)
+
+
+def test_pair_hash_split_covers_every_row_and_validates():
+    from jdp.data import split_ratings_by_pair_hash
+    d = _random(seed=1, n_users=400, n_items=100, nnz=20_000)
+    train, valid = split_ratings_by_pair_hash(d, 0.1, seed=3)
+    ts = np.concatenate([train.timestamp, valid.timestamp])  # timestamps = original row index
+    assert np.array_equal(np.sort(ts), np.arange(d.nnz))  # disjoint, covering: nothing dropped
+    for p in (train, valid):
+        assert np.all(np.diff(p.timestamp) > 0) and (p.n_users, p.n_items) == (d.n_users, d.n_items)
+        assert np.array_equal(p.rating, d.rating[p.timestamp])
+    assert abs(valid.nnz / d.nnz - 0.1) < 0.01  # ≈10%: binomial std 0.002
+    # deterministic given the seed; another seed or fraction gives another split
+    again = split_ratings_by_pair_hash(d, 0.1, seed=3)
+    assert np.array_equal(again[1].timestamp, valid.timestamp)
+    assert not np.array_equal(split_ratings_by_pair_hash(d, 0.1, seed=4)[1].timestamp, valid.timestamp)
+    half = split_ratings_by_pair_hash(d, 0.5, seed=3)[1]
+    assert abs(half.nnz / d.nnz - 0.5) < 0.02 and set(valid.timestamp) <= set(half.timestamp)  # nested thresholds
+    # duplicate (user, item) rows land together
+    dup = Interactions(np.r_[d.user, d.user[:50]], np.r_[d.item, d.item[:50]], np.r_[d.rating, d.rating[:50]],
+                       d.n_users, d.n_items)
+    tr, va = split_ratings_by_pair_hash(dup, 0.1, seed=3)
+    assert len(set(zip(tr.user.tolist(), tr.item.tolist())) & set(zip(va.user.tolist(), va.item.tolist()))) == 0
+    for bad in (0.0, 1.0, -0.1, 1.5, float("nan"), True, "0.1"):
+        with pytest.raises(ValueError, match="valid_fraction"):
+            split_ratings_by_pair_hash(d, bad)
+    for bad in (-1, 1.5, 2**64):
+        with pytest.raises(ValueError, match="seed"):
+            split_ratings_by_pair_hash(d, 0.1, seed=bad)
+    with pytest.raises(ValueError, match="non-empty"):
+        split_ratings_by_pair_hash(d.subset(np.zeros(d.nnz, bool)))

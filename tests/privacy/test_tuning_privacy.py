@@ -93,3 +93,35 @@ def test_fit_tune_private_reports_the_whole_tuning():
         fit(data, cfg, tune="validation")
     with pytest.raises(ValueError, match="non-private"):
         fit(data, AltMinConfig(method="als"), tune="private")
+
+
+def test_fit_tune_private_default_split_moves_no_other_users_rows(monkeypatch):
+    """Issue #69 item 3: fit(tune='private') without `valid` splits the private data itself. tune_private's
+    analysis assumes neighbouring inputs differ in one user's rows only, in train and in valid; with the
+    former permutation split, removing one user moved hundreds of rows of other users between the parts."""
+    import jdp.altmin.tuning as tuning
+    from jdp.altmin import fit
+    seen = []
+
+    def capture(train, valid, configs, **kwargs):
+        seen.append((train, valid))
+        raise _Captured
+
+    monkeypatch.setattr(tuning, "tune_private", capture)
+    data = planted_powerlaw(seed=0, n_users=200, n_items=50, nnz=4_000).data
+    cfg = AltMinConfig(method="ada-dpals", epsilon=3.0, rating_range=(0.5, 5.0), show_progress=False)
+    for user in (0, 7):
+        seen.clear()
+        for d in (data, data.subset(data.user != user)):
+            with pytest.raises(_Captured):
+                fit(d, cfg, seed=1, tune="private")
+        (train, valid), (train_n, valid_n) = seen
+        assert 0.08 < valid.nnz / data.nnz < 0.12 and train.nnz + valid.nnz == data.nnz
+        for part, neighbour in ((train, train_n), (valid, valid_n)):
+            keep = part.user != user
+            rows = sorted(zip(part.user[keep].tolist(), part.item[keep].tolist(), part.rating[keep].tolist()))
+            assert rows == sorted(zip(neighbour.user.tolist(), neighbour.item.tolist(), neighbour.rating.tolist()))
+
+
+class _Captured(Exception):
+    pass
