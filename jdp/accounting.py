@@ -15,7 +15,11 @@ state ε under several relations side by side (`PrivacyReport.epsilon_by_relatio
 Pure ε-DP releases are represented by their tight dominating pair, binary randomized response with
 parameter ε (`pure_dp_event`); those are composed with the PLD accountant under dp_accounting's
 REPLACE_ONE relation (RR's loss between two different inputs is exactly ε; an ε-DP mechanism is
-ε-indistinguishable for any pair of neighbours of the report's relation, so this dominates it).
+ε-indistinguishable for any pair of neighbours of the report's relation, so this dominates it). This holds
+for reports under ADD_OR_REMOVE_ONE and REPLACE_SPECIAL alike: under REPLACE_SPECIAL dp_accounting
+analyses randomized response against a "special" input whose output is uniform, which is not the worst
+case of a general ε-DP mechanism (one ε = 1 selection came out as ε = 0.625, five as 3.10), so a
+pure-DP event is never handed to an accountant under that relation.
 """
 from __future__ import annotations
 
@@ -141,16 +145,22 @@ def _split_pure(event: dpe.DpEvent) -> tuple[list, list] | None:
     return None if _contains(event, dpe.RandomizedResponseDpEvent) else ([], [event])
 
 
+# Relations under which a pure-DP event (`pure_dp_event`) is composed by PLD under REPLACE_ONE instead: there its
+# randomized-response pair is the worst case of any ε-DP mechanism; add/remove has no analysis of it and
+# REPLACE_SPECIAL's (against a uniform output) under-counts a general ε-DP mechanism.
+_PURE_VIA_REPLACE_ONE = (ADD_OR_REMOVE_ONE, REPLACE_SPECIAL)
+
+
 def make_accountant(event: dpe.DpEvent | None = None, accountant: str = "rdp",
                     orders: Sequence[float] | None = None, pld_discretization: float = 1e-4,
                     relation: Relation | str = ADD_OR_REMOVE_ONE) -> dp_accounting.PrivacyAccountant:
     """A fresh accountant; 'rdp' (default) or 'pld', under `relation` (events' noise multipliers are
-    stated for that relation; orders default to `default_orders(relation)`). Under add/remove,
-    pure-DP (randomized-response) events need PLD under REPLACE_ONE, chosen automatically; they cannot
-    be mixed with subsampled events, whose noise multipliers are stated for add/remove."""
+    stated for that relation; orders default to `default_orders(relation)`). Under add/remove and
+    replace-special, pure-DP (randomized-response) events need PLD under REPLACE_ONE, chosen automatically;
+    they cannot be mixed with subsampled events, whose noise multipliers are stated for the report's relation."""
     relation = check_relation(relation)
     orders = default_orders(relation) if orders is None else orders
-    if (relation is ADD_OR_REMOVE_ONE and event is not None
+    if (relation in _PURE_VIA_REPLACE_ONE and event is not None
             and _contains(event, dpe.RandomizedResponseDpEvent)):
         for sampled in (dpe.PoissonSampledDpEvent, dpe.SampledWithoutReplacementDpEvent,
                         dpe.SampledWithReplacementDpEvent):
@@ -169,24 +179,25 @@ def compute_epsilon(event: dpe.DpEvent, delta: float, accountant: str = "rdp",
                     relation: Relation | str = ADD_OR_REMOVE_ONE) -> float:
     """ε at the given δ of a (composed) event under `relation`, from dp_accounting accountants.
 
-    Pure-DP events mixed with others: dp_accounting composes randomized response only under
-    REPLACE_ONE, where a Gaussian event counts with twice its add/remove sensitivity. So the result is
-    the smaller of (a) that joint REPLACE_ONE composition and (b) basic composition of the other
-    events' (ε₁, δ) under add/remove with the pure part's (ε₂, 0): both are valid bounds.
+    Pure-DP events (under add/remove or replace-special): dp_accounting composes randomized response as the
+    worst case of an ε-DP mechanism only under REPLACE_ONE (`make_accountant`), where a Gaussian event counts
+    with twice its add/remove (or replace-special) sensitivity. Mixed with other events, the result is the
+    smaller of (a) that joint REPLACE_ONE composition and (b) basic composition of the other events' (ε₁, δ)
+    under `relation` with the pure part's (ε₂, 0): both are valid bounds.
     """
     delta, relation = check_delta(delta), check_relation(relation)
     orders = default_orders(relation) if orders is None else orders
-    if relation is not ADD_OR_REMOVE_ONE:
+    if relation not in _PURE_VIA_REPLACE_ONE:
         return _accounted_epsilon(event, delta, accountant, orders, relation)
     split = _split_pure(event) if _contains(event, dpe.RandomizedResponseDpEvent) else None
     if split is not None and split[0] and split[1]:
-        pure = _accounted_epsilon(dpe.ComposedDpEvent(split[0]), 0.0, accountant, orders)
-        basic = _accounted_epsilon(dpe.ComposedDpEvent(split[1]), delta, accountant, orders) + pure
+        pure = _accounted_epsilon(dpe.ComposedDpEvent(split[0]), 0.0, accountant, orders, relation)
+        basic = _accounted_epsilon(dpe.ComposedDpEvent(split[1]), delta, accountant, orders, relation) + pure
         try:
-            return min(basic, _accounted_epsilon(event, delta, accountant, orders))
+            return min(basic, _accounted_epsilon(event, delta, accountant, orders, relation))
         except ValueError:  # subsampled events cannot join the REPLACE_ONE composition
             return basic
-    return _accounted_epsilon(event, delta, accountant, orders)
+    return _accounted_epsilon(event, delta, accountant, orders, relation)
 
 
 class _DroppedOrders(logging.Filter):

@@ -209,3 +209,39 @@ def test_calibrate_over_windows_of_orders_finds_the_every_order_root(make_event,
         monkeypatch.setattr(acc, "_ORDER_WINDOW", window)  # the optimum)
         acc._ACCOUNTED.clear()
         assert s == pytest.approx(calibrate(make_event, epsilon, DELTA, bracket=(1e-3, 1e5)), rel=1e-5)
+
+
+def _tight_delta_of_pure_composition(eps: float, k: int, eps_prime: float) -> float:
+    """δ(ε') of k-fold composition of ε-DP, exact: the dominating pair is k-fold binary randomized
+    response, whose privacy loss is ε·(k − 2i) with i ~ Binomial(k, 1/(1 + e^ε)) (Kairouz et al. 2015)."""
+    q = 1.0 / (1.0 + math.exp(eps))
+    return sum(math.comb(k, i) * q**i * (1 - q) ** (k - i) * max(0.0, 1.0 - math.exp(eps_prime - eps * (k - 2 * i)))
+               for i in range(k + 1))
+
+
+@pytest.mark.parametrize("count", [1, 5])
+def test_pure_dp_events_under_replace_special_count_as_a_general_eps_dp_mechanism(count):
+    """Issue #69 item 4: under REPLACE_SPECIAL, dp_accounting analyses randomized response against a
+    uniform "special" output, not as the worst case of an ε-DP mechanism: one ε = 1 selection was
+    reported as ε = 0.625 and five as 3.10. The reported ε must be a valid bound at δ for k-fold ε-DP
+    (checked against the exact tight δ(ε')) and agree with the add/remove (i.e. worst-case) value."""
+    from jdp.accounting import REPLACE_SPECIAL, PrivacyReport
+    delta = 1e-6
+    report = PrivacyReport(delta, relation=REPLACE_SPECIAL).add("selection", pure_dp_event(1.0), count=count)
+    eps = report.epsilon()
+    assert _tight_delta_of_pure_composition(1.0, count, eps) <= delta * (1 + 1e-3)  # a valid (ε, δ)
+    assert eps >= count - 1e-4 and eps > {1: 0.63, 5: 3.2}[count]  # 0.625 / 3.10 before
+    assert eps == pytest.approx(compute_epsilon(pure_dp_event(1.0) if count == 1 else
+                                                dpe.SelfComposedDpEvent(pure_dp_event(1.0), count), delta), abs=1e-9)
+    assert report.pure_epsilon() == pytest.approx(count)
+    # the previous value fails the exact check by orders of magnitude
+    assert _tight_delta_of_pure_composition(1.0, count, {1: 0.625, 5: 3.10}[count]) > 1e-2
+    # mixed with an event only REPLACE_SPECIAL analyses (tree aggregation): basic composition adds ≥ k·ε
+    tree = dpe.SingleEpochTreeAggregationDpEvent(2.0, 16)
+    mixed = compute_epsilon(dpe.ComposedDpEvent([tree, dpe.SelfComposedDpEvent(pure_dp_event(1.0), count)]),
+                            delta, relation=REPLACE_SPECIAL)
+    assert mixed >= compute_epsilon(tree, delta, relation=REPLACE_SPECIAL) + count - 1e-4
+    # and calibration under REPLACE_SPECIAL uses the same rule: 5 selections at total ε = 2 need ε/5 each
+    s = calibrate(lambda x: dpe.SelfComposedDpEvent(pure_dp_event(1.0 / x), count), 2.0, delta,
+                  bracket=(0.1, 100.0), relation=REPLACE_SPECIAL)
+    assert s >= 0.999 * count / 2.0
