@@ -78,8 +78,9 @@ def poisson_sample(key: jax.Array, num_examples: int, sampling_rate: float, max_
     """Poisson sample of row indices padded to a static size.
 
     Returns (indices [max_batch_size] int32, mask [max_batch_size] bool, count []). Padding rows repeat
-    index 0 with mask False. When count > max_batch_size the sample does NOT match the accounted
-    mechanism: callers must check `count <= max_batch_size` (DPSGD.sample raises).
+    index 0 with mask False. When count > max_batch_size the indices are truncated, which does NOT match
+    the accounted mechanism: use `DPSGD.sample`, which then pads to a larger multiple instead (never
+    truncating, never raising).
     """
     keep = poisson_keep(key, num_examples, sampling_rate)
     count = jnp.sum(keep)
@@ -200,12 +201,16 @@ class DPSGD:
         return DPSGDState(params, self.transform(key).init(params), jnp.zeros((), jnp.int32))
 
     def sample(self, key: jax.Array):
-        """(indices [max_batch_size], mask) of one Poisson sample; raises if it overflows the padding."""
-        idx, mask, count = _poisson_jit(key, self.num_examples, self.sampling_rate, self.max_batch_size)
-        if int(count) > self.max_batch_size:
-            raise ValueError(f"Poisson sample of {int(count)} rows exceeds max_batch_size="
-                             f"{self.max_batch_size}; increase max_batch_size (truncating would change "
-                             "the accounted mechanism)")
+        """(indices, mask) of one whole Poisson sample, padded to `max_batch_size` rows: never truncated and never
+        an error. A sample larger than `max_batch_size` (probability < 1e-8 per step at the default size) is
+        padded to the smallest multiple of `max_batch_size` that holds it, so the step is still the accounted
+        mechanism; only its shape (a compilation, memory) differs. Raising or truncating instead would make the
+        output depend on whether one more row was sampled: a release the report does not cover."""
+        B = self.max_batch_size
+        idx, mask, count = _poisson_jit(key, self.num_examples, self.sampling_rate, B)
+        size = B * max(1, -(-int(count) // B))
+        if size > B:  # rare: the same sample (same key), padded to k·B rows
+            idx, mask, _ = _poisson_jit(key, self.num_examples, self.sampling_rate, size)
         return idx, mask
 
     def sample_indices(self, key: jax.Array) -> np.ndarray:
@@ -234,7 +239,8 @@ class DPSGD:
         """jit-compiled step(state, batch [max_batch_size rows], mask, aux=None) -> (state, metrics); `aux`:
         see `clipped_grad` (the loss is then loss_fn(params, batch, aux)).
 
-        metrics are private diagnostics (loss, clipped fraction): do not publish them unaccounted.
+        metrics are private diagnostics (loss, clipped fraction, num_nonfinite: unmasked rows dropped for a
+        non-finite loss or gradient): do not publish them unaccounted, and do not branch or stop on them.
         """
         return _jitted(self, "_step")
 
@@ -256,7 +262,16 @@ class DPSGD:
 
     def fit(self, params: Any, data: Any, key: jax.Array, steps: int | None = None,
             progress: bool = True) -> tuple[Any, PrivacyReport, list]:
-        """Runs `steps` (default all planned) DP-SGD steps on `data` (pytree of arrays [N, ...])."""
+        """Runs `steps` (default all planned) DP-SGD steps on `data` (pytree of arrays [N, ...]).
+
+        Returns (params, report, history). Every requested step runs, whatever the data: no property of the
+        private data stops the loop or raises. A sampled row whose loss or gradient is not finite contributes
+        nothing (the sensitivity bound holds) and is counted. `history` holds one dict per step of PRIVATE
+        diagnostics, computed from the sampled rows without noise and not covered by the report: `loss` (mean
+        over the sample), `frac_clipped`, `num_nonfinite` (sampled rows dropped for a non-finite loss or
+        gradient). They are never printed (`progress` shows only the step count); do not publish them
+        unaccounted.
+        """
         from tqdm.auto import tqdm
         n = self.steps if steps is None else int(steps)
         if n > self.steps:
@@ -270,12 +285,24 @@ class DPSGD:
         history = []
         for t in tqdm(range(n), disable=not progress, desc="dp-sgd"):
             idx, mask = self.sample(jax.random.fold_in(k_sample, t))
-            state, metrics = self.step(state, gather(data, idx), mask)
-            if int(metrics["num_nonfinite"]) > 0:
-                raise ValueError(f"step {t}: loss_fn produced non-finite values for "
-                                 f"{int(metrics['num_nonfinite'])} sampled rows")
-            history.append({k: float(v) for k, v in metrics.items()})
+            if idx.shape[0] == self.max_batch_size:
+                state, metrics = self.step(state, gather(data, idx), mask)
+            else:  # an oversized sample (k·max_batch_size rows): the same step, accumulated in k chunks
+                state, metrics = self._chunked_step(state, data, idx, mask, gather)
+            history.append({k: float(v) for k, v in metrics.items()})  # private diagnostics, never printed
         return state.params, self.report(n), history
+
+    def _chunked_step(self, state: DPSGDState, data: Any, idx: jax.Array, mask: jax.Array, gather: Callable):
+        B = self.max_batch_size
+        acc = jax.tree.map(jnp.zeros_like, state.params)
+        tot = {"loss_sum": 0.0, "count": 0, "num_clipped": 0, "num_nonfinite": 0}
+        for s in range(0, idx.shape[0], B):
+            acc, sums = self.accumulate(state.params, acc, gather(data, idx[s:s + B]), mask[s:s + B])
+            tot = {k: tot[k] + sums[k] for k in tot}
+        m = jnp.maximum(tot["count"], 1)
+        metrics = {"loss": tot["loss_sum"] / m, "num_nonfinite": tot["num_nonfinite"],
+                   "frac_clipped": tot["num_clipped"] / m}
+        return self.apply(state, acc), metrics
 
 
 _poisson_jit = jax.jit(poisson_sample, static_argnums=(1, 2, 3))

@@ -128,6 +128,9 @@ def register(subparsers) -> None:
                    help="stop after the step that ends this many seconds into training (like --max-steps; "
                         "the results record the epochs actually run)")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--show-private-diagnostics", action="store_true",
+                   help="progress also shows the training loss, sample sizes and non-finite users dropped: PRIVATE "
+                        "quantities computed without noise (not in the privacy report); off by default")
     p.add_argument("--out", default=None, help="JSON output file")
     p.add_argument("--plot", default=None, help="PNG: training loss and validation NDCG per epoch")
     p.set_defaults(func=run)
@@ -243,7 +246,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.checkpoint} exists: pass --resume to continue it, or remove it")
     res = train(d, cfg, k_train, public_item_counts=public, checkpoint=args.checkpoint,
                 progress=not args.no_progress, max_steps=args.max_steps,
-                max_seconds=args.time_limit)
+                max_seconds=args.time_limit, show_private_diagnostics=args.show_private_diagnostics)
     out = {
         "data": args.data, **({"data_seed": args.data_seed} if args.data == "synthetic" else {}), "model": args.model, "epsilon": cfg.epsilon, "delta": cfg.delta, "seed": seed,
         "device": jax.devices()[0].device_kind, "xla_flags": os.environ.get("XLA_FLAGS"), "n_users": d.n_users, "n_items": d.n_items, "maxlen": d.maxlen,

@@ -172,6 +172,10 @@ class TrainResult:
     item_counts_released: np.ndarray | None
     # what users get without the model, on the same targets (`evaluate.baseline_metrics`)
     baselines: dict = dataclasses.field(default_factory=dict)
+    # PRIVATE diagnostics of the steps this call ran, computed from the private data without noise and not covered
+    # by the report (never printed by default): `num_nonfinite` = sampled users dropped from their step's sum
+    # because their loss or gradient was not finite (they contribute nothing; training goes on regardless)
+    private_diagnostics: dict = dataclasses.field(default_factory=dict)
 
 
 def lr_schedule(lr: float, steps: int, warmup_frac: float) -> optax.Schedule:
@@ -500,7 +504,8 @@ def check_resumable(ckpt: pathlib.Path, record: dict) -> None:
 def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: np.ndarray | None = None,
           checkpoint: str | pathlib.Path | None = None, checkpoint_every: int | None = None,
           progress: bool = True, evaluate_test: bool = True, max_steps: int | None = None,
-          max_seconds: float | None = None, initial_params: Any | None = None) -> TrainResult:
+          max_seconds: float | None = None, initial_params: Any | None = None,
+          show_private_diagnostics: bool = False) -> TrainResult:
     """Trains cfg.model with DP-SGD at (cfg.epsilon, cfg.delta) and evaluates on valid/test.
 
     Unit: user (one sequence); relation: add/remove one user. public_item_counts: caller-DECLARED
@@ -516,6 +521,12 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     `initial_params`: parameters to start from instead of the model's random initialisation (checked against
     its structure). Their values must be public or post-processing of releases in this run's report (e.g.
     `data.vocab_releases`): the report does not cover anything else they were computed from.
+
+    Every planned step runs whatever the data holds: no property of the private data stops, branches or fails
+    the loop. A sampled user whose loss or gradient is not finite contributes nothing to that step's sum (the
+    sensitivity bound holds) and is counted in `TrainResult.private_diagnostics["num_nonfinite"]` and in the
+    history's epoch entries. The history's `train_loss` and `num_nonfinite` and the sample sizes are PRIVATE
+    diagnostics (no noise, not in the report): `progress` shows them only with `show_private_diagnostics=True`.
     """
     cfg.validate()
     if max_seconds is not None:
@@ -641,6 +652,8 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     n_data = data.n_users
     eval_every = max(1, int(round(cfg.eval_every_epochs * per_epoch))) if cfg.eval_every_epochs > 0 else 0
     t_train, epoch_loss, epoch_count = 0.0, 0.0, 0
+    epoch_nonfinite, total_nonfinite = 0, 0  # private diagnostics: users dropped for a non-finite loss/gradient
+    private_keys = ("train_loss", "num_nonfinite")  # history entries shown only with show_private_diagnostics
     step_s, shapes_seen, step_new_shapes = [], set(), []  # per-step time; steps that compiled a new chunk shape
     it = tqdm(range(start, stop), desc=f"{cfg.model} eps={cfg.epsilon}", disable=not progress, initial=start,
               total=steps)
@@ -665,27 +678,28 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
             acc, sums = accumulate(state.params, acc, batch, mask, reatt)
             loss_sum, count = loss_sum + sums["loss_sum"], count + sums["count"]
             nonfinite = nonfinite + sums["num_nonfinite"]
-        if int(nonfinite):  # such users were dropped (the bound holds), but training has diverged
-            raise FloatingPointError(f"step {step}: {int(nonfinite)} sampled users had a non-finite loss or "
-                                     "gradient (lower the learning rate or check the data)")
         if apply_ready is not None:  # compiled beside the first step (calling it meanwhile would compile it twice)
             apply_ready.result()
             apply_ready = None
         state = apply(state, acc)
-        loss = float(loss_sum) / max(int(count), 1)
+        # such users contributed nothing (the bound holds); the run goes on: a private count, never a branch
+        epoch_nonfinite += int(nonfinite)
+        total_nonfinite += int(nonfinite)
         epoch_loss, epoch_count = epoch_loss + float(loss_sum), epoch_count + int(count)
         step_s.append(time.perf_counter() - t0)
         t_train += step_s[-1]
-        it.set_postfix(loss=f"{loss:.3f}", batch=idx.size)
+        if show_private_diagnostics:  # the sample's loss and size are private: opt-in only
+            it.set_postfix(loss=f"{float(loss_sum) / max(int(count), 1):.3f}", batch=idx.size,
+                           nonfinite=int(nonfinite))
         done = step + 1
         entry = None
         if done % per_epoch == 0 or done == steps:
-            entry = {"step": done, "epoch": done * cfg.batch_size / N,
-                     "train_loss": epoch_loss / max(epoch_count, 1)}  # private diagnostic, not released
+            entry = {"step": done, "epoch": done * cfg.batch_size / N,  # train_loss, num_nonfinite: private
+                     "train_loss": epoch_loss / max(epoch_count, 1), "num_nonfinite": epoch_nonfinite}
             if private:
                 entry["epsilon_spent"] = accounting.compute_epsilon(
                     dpe.ComposedDpEvent(fixed_events + [dp_sgd_event(sigma, q, done)]), cfg.delta)
-            epoch_loss, epoch_count = 0.0, 0
+            epoch_loss, epoch_count, epoch_nonfinite = 0.0, 0, 0
         if eval_every and done % eval_every == 0 and done < steps:
             m = evaluate(model, state.params, data.valid_input, data.valid_target, chunk=cfg.eval_chunk,
                          rank_fn=rank_fn, length_buckets=eval_windows)
@@ -694,7 +708,8 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
         if entry is not None:
             history.append(entry)
             if progress:
-                it.write("  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in entry.items()))
+                it.write("  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in entry.items()
+                                   if show_private_diagnostics or k not in private_keys))
         out_of_time = max_seconds is not None and time.perf_counter() - t_start >= max_seconds
         if ckpt is not None and (done % checkpoint_every == 0 or done == stop or out_of_time):
             ckpt.write_bytes(flax.serialization.to_bytes(without_noise_key(state)))
@@ -729,7 +744,8 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
                "steps_run": stop - start, "steps_done": steps_done, "epochs_done": steps_done * cfg.batch_size / N,
                "s_per_step": t_train / max(1, stop - start), "step_s": step_s, "step_new_shapes": step_new_shapes,
                "complete": steps_done == steps}
-    return TrainResult(params, metrics, report, float(sigma), steps, history, timings, reatt, counts_rel, baselines)
+    return TrainResult(params, metrics, report, float(sigma), steps, history, timings, reatt, counts_rel, baselines,
+                       private_diagnostics={"num_nonfinite": total_nonfinite})
 
 
 def _check_initial_params(initial, reference):
