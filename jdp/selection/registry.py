@@ -79,8 +79,19 @@ class Mechanism:
             raise ValueError(f"shift must be a finite public number, got {params['shift']!r}")
         return params
 
+    def guaranteed_epsilon(self, epsilon: float) -> float:
+        """The privacy loss one run calibrated to ε on scores can reach, float64 rounding included:
+        ε·(1 + LOSS_SLACK) where the rounding of the shifted scores can enlarge a sensitivity (every mechanism
+        that compares scores, `resolution` set; see `check_range`), ε where any function of the scores is
+        private (kRR, uniform)."""
+        epsilon = check_epsilon(epsilon)
+        return epsilon * (1.0 + LOSS_SLACK) if self.resolution is not None else epsilon
+
     def dp_event(self, epsilon: float, **params) -> dpe.DpEvent:
-        """The dp_accounting event of one selection at total budget ε (pure ε-DP)."""
+        """The dp_accounting event of one selection at parameter ε: pure DP at `guaranteed_epsilon(ε)`, the
+        bound that holds for the float64 computation (ε·(1 + 2⁻¹²) for the score-comparing mechanisms).
+        Combined GEM: its randomized-response bit at split·ε (a bit of any function of the scores: no
+        rounding term) and its GEM/mGEM run at the guaranteed bound of (1 − split)·ε."""
         if self.privacy == "not-private":
             raise ValueError(f"{self.name!r} is NOT differentially private: it has no dp_event")
         epsilon = check_epsilon(epsilon)
@@ -89,8 +100,9 @@ class Mechanism:
             return dpe.NoOpDpEvent()
         if self.privacy == "split":
             split = params.get("split", 0.5)
-            return dpe.ComposedDpEvent([pure_dp_event(split * epsilon), pure_dp_event((1 - split) * epsilon)])
-        return pure_dp_event(epsilon)
+            return dpe.ComposedDpEvent([pure_dp_event(split * epsilon),
+                                        pure_dp_event(self.guaranteed_epsilon((1 - split) * epsilon))])
+        return pure_dp_event(self.guaranteed_epsilon(epsilon))
 
     @property
     def private(self) -> bool:
@@ -114,8 +126,10 @@ class Mechanism:
 # M = the largest magnitude rounded). A deterministic perturbation of size η turns a sensitivity Δ into
 # Δ + 2η, so the realised privacy loss is at most ε·(1 + 2η/Δ); `check_range` demands 2η/Δ ≤ 2⁻¹², i.e.
 # M ≤ 2³⁸·Δ (Δ = max Δ_a or min Δ_a, see `Mechanism.resolution`). Beyond that a ValueError is raised.
+# That bound, ε·(1 + LOSS_SLACK), is what `Mechanism.dp_event` records (`guaranteed_epsilon`).
 _UNIT_ROUNDOFF = 2.0 ** -53
-_LOSS_SLACK = 2.0 ** -12
+LOSS_SLACK = 2.0 ** -12
+_LOSS_SLACK = LOSS_SLACK
 
 
 def _gem_shift_magnitude(mech: Mechanism, k: int, epsilon: float, params: dict) -> float:
@@ -225,7 +239,8 @@ def probabilities(name: str, scores, sensitivities, epsilon: float, allow_nonpri
 def privacy_report(name: str, epsilon: float, count: int = 1, delta: float = 1e-6, unit: str = "user",
                    relation: Relation | str = ADD_OR_REMOVE_ONE, **params) -> PrivacyReport:
     """PrivacyReport with `count` selections of mechanism `name` at ε each, under the neighbouring relation
-    for which the scores move by at most their sensitivities (add/remove one unit by default)."""
+    for which the scores move by at most their sensitivities (add/remove one unit by default). Each release
+    is the mechanism's `dp_event`, i.e. its float64 bound ε·(1 + LOSS_SLACK) where that applies."""
     mech = get_mechanism(name)
     report = PrivacyReport(delta=delta, unit=unit, relation=relation)
     event = mech.dp_event(epsilon, **params)

@@ -19,14 +19,15 @@ def test_select_run_and_report(tmp_path, capsys):
     assert rc == 0 and (tmp_path / "run.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     r = json.loads(out.read_text())
     assert r["problems"] == 50 and len(r["selections"]) == 50 and all(0 <= i < 8 for i in r["selections"])
-    assert abs(r["privacy"]["pure_epsilon"] - 2.0) < 1e-9 and r["privacy"]["unit"] == "user"
+    slack = 1 + 2.0 ** -12  # the float64 rounding bound every score-comparing selection records
+    assert abs(r["privacy"]["pure_epsilon"] - 2.0 * slack) < 1e-9 and r["privacy"]["unit"] == "user"
     assert r["timings"]["selections_per_second"] > 0 and r["mse_vs_best"] >= 0
     # the zero-cost reference beside it: a uniformly random choice, in expectation
     assert r["mse_vs_best_uniform"] == pytest.approx(float(np.mean((q.max(1)[:, None] - q) ** 2)), rel=1e-5)
     rc = main(["select", "run", "--mechanism", "combined-gem", "--epsilon", "1", "--scenario", "polarised-strong",
                "--problems", "20", "--k", "10", "--rows-share-data", "--out", str(out)])
     r = json.loads(out.read_text())
-    assert rc == 0 and abs(r["privacy"]["pure_epsilon"] - 20.0) < 1e-6
+    assert rc == 0 and abs(r["privacy"]["pure_epsilon"] - 20.0 * (0.5 + 0.5 * slack)) < 1e-6
 
 
 def test_select_curves_list_recommend(tmp_path, capsys):
