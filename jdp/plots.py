@@ -1,4 +1,5 @@
-"""Plots of the CLIs' JSON results (`--plot run.png`); matplotlib is the optional extra `jdp[plots]`.
+"""Plots of the CLIs' JSON results (`--plot run.png`); matplotlib is the optional extra `plots`
+(`pip install -e ".[plots]"` in a checkout).
 
 One function per result kind, each taking the dict a CLI writes with `--out` and a path; `save_plot`
 picks the function from the command. Plots only show released values (and the non-private references
@@ -14,7 +15,8 @@ def _pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise ImportError("plots need matplotlib: pip install 'jdp[plots]'") from None
+        raise ImportError("plots need matplotlib: pip install matplotlib (or the checkout's extra: "
+                          "pip install -e '.[plots]')") from None
     matplotlib.use("Agg")  # files only: works without a display (CI, servers)
     import matplotlib.pyplot as plt
     return plt

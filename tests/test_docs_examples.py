@@ -54,7 +54,7 @@ def test_every_notebook_opens_with_the_same_guarded_install_cell():
     assert len(firsts) >= 5 and len(set(firsts.values())) == 1, firsts
     cell = next(iter(firsts.values()))
     assert 'if importlib.util.find_spec("jdp") is None:' in cell
-    assert '%pip install -q "jdp[notebook] @ {JDP_SOURCE}"' in cell
+    assert '%pip install -q "jdp-privacy[notebook] @ {JDP_SOURCE}"' in cell
 
 
 def _install_cell_sources(cwd, monkeypatch, env_source=None):
@@ -64,7 +64,7 @@ def _install_cell_sources(cwd, monkeypatch, env_source=None):
     import json
     path = DOCS.parent / "notebooks" / "dpformer.ipynb"
     cell = "".join(next(c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code")["source"])
-    code = cell.replace('%pip install -q "jdp[notebook] @ {JDP_SOURCE}"', "INSTALLED.append(JDP_SOURCE)")
+    code = cell.replace('%pip install -q "jdp-privacy[notebook] @ {JDP_SOURCE}"', "INSTALLED.append(JDP_SOURCE)")
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "jdp" else real(name, *a))
     monkeypatch.chdir(cwd)

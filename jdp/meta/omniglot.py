@@ -40,11 +40,12 @@ class OmniglotData:
 
 def load_omniglot(root, splits=SPLITS, size: int = 28, invert: bool = False) -> OmniglotData:
     """Loads every character folder under root/<split>/<alphabet>/<character>/ (sorted, deterministic).
-    Needs pillow (`pip install 'jdp[omniglot]'`)."""
+    Needs pillow (`pip install pillow`, or the checkout's extra `pip install -e '.[omniglot]'`)."""
     try:
         from PIL import Image
     except ImportError:
-        raise ImportError("reading Omniglot needs pillow: pip install 'jdp[omniglot]'") from None
+        raise ImportError("reading Omniglot needs pillow: pip install pillow (or the checkout's extra: "
+                          "pip install -e '.[omniglot]')") from None
 
     root = pathlib.Path(root)
     if isinstance(splits, str):
