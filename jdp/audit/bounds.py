@@ -134,7 +134,7 @@ class RoutineAudit:
 
     def to_dict(self) -> dict:
         return {"routine": self.routine, "variant": self.variant, "reported_epsilon": self.reported_epsilon,
-                "violated": self.violated, **self.result.to_dict(), **self.setting}
+                "violated": self.violated, **self.result.to_dict(), "setting": dict(self.setting)}
 
 
 def default_guess_grid(m: int) -> list[tuple[int, int]]:

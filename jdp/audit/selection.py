@@ -74,6 +74,11 @@ def reported_epsilon(name: str, epsilon: float, **params) -> float:
     return float(S.privacy_report(name, epsilon, **params).pure_epsilon())
 
 
+def _variant_name(name: str, variant: str) -> str:
+    """The variant as recorded: a non-private reference is "non-private" whatever it was called with."""
+    return "non-private" if name in S.NONPRIVATE_REFERENCES and variant == "honest" else variant
+
+
 def _law(name: str, variant: str, epsilon: float, params: dict):
     """probabilities(q, d) of the mechanism as run by `variant`."""
     eps = 2.0 * epsilon if variant == "half-noise" else epsilon
@@ -122,8 +127,8 @@ def exact_audit(name: str, epsilon: float, scores=None, sensitivities=None, *, v
                           "p": float(p[i, o]), "p_neighbour": float(p2[i, c, o])})
     setting = {"mechanism": name, "params": dict(params), "epsilon_parameter": float(epsilon),
                "relation": "monotone" if monotone_relation else "any direction"}
-    return RoutineAudit(f"selection:{name} (exact)", variant, reported_epsilon(name, epsilon, **params), result,
-                        setting)
+    return RoutineAudit(f"selection:{name} (exact)", _variant_name(name, variant),
+                        reported_epsilon(name, epsilon, **params), result, setting)
 
 
 def sampled_audit(name: str, epsilon: float, key: jax.Array, draws: int = 100_000, scores=None,
@@ -158,8 +163,8 @@ def sampled_audit(name: str, epsilon: float, key: jax.Array, draws: int = 100_00
                           "p": float(p[i, o]), "p_neighbour": float(p2[i, c, o])})
     setting = {"mechanism": name, "params": dict(params), "epsilon_parameter": float(epsilon),
                "relation": "monotone" if monotone_relation else "any direction", "draws": int(draws)}
-    return RoutineAudit(f"selection:{name} (sampled)", variant, reported_epsilon(name, epsilon, **params), result,
-                        setting)
+    return RoutineAudit(f"selection:{name} (sampled)", _variant_name(name, variant),
+                        reported_epsilon(name, epsilon, **params), result, setting)
 
 
 __all__ = ["LOG_TOLERANCE", "MONOTONE", "VARIANTS", "default_instances", "exact_audit", "reported_epsilon",
