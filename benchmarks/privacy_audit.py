@@ -22,7 +22,7 @@ from jdp import selection as S
 from jdp.altmin import AltMinConfig
 from jdp.audit.altmin import audit_altmin
 from jdp.audit.dp_sgd import DPSGDAuditConfig, audit_dp_sgd, old_engine_available
-from jdp.audit.selection import exact_audit, sampled_audit
+from jdp.audit.selection import default_instances, exact_audit, sampled_audit
 
 NAME = "privacy_audit"
 SECTION = pathlib.Path(__file__).resolve().parent / "sections" / f"{NAME}.md"
@@ -34,26 +34,29 @@ def _cases(quick: bool):
     f = 0.2 if quick else 1.0
     cfg = DPSGDAuditConfig(epsilon=2.0, delta=1e-5, steps=2, sampling_rate=1.0)
     poisson = DPSGDAuditConfig(epsilon=2.0, delta=1e-5, steps=8, sampling_rate=0.25)
-    runs = int(200_000 * f)
-    m = 4096
+    runs = int(2_000_000 * f)
+    m, m_grad, m_input = 4096, int(16384 * f), int(4096 * f)
+    high = DPSGDAuditConfig(epsilon=8.0, delta=1e-5, steps=2, sampling_rate=1.0)
     out = [
         ("dp-sgd", "gradient canaries, one run, q = 1, 2 steps",
-         lambda: audit_dp_sgd(jax.random.key(11), cfg, canary="gradient", canaries=m)),
+         lambda: audit_dp_sgd(jax.random.key(11), cfg, canary="gradient", canaries=m_grad)),
         ("dp-sgd", "gradient canaries, one run, q = 0.25, 8 steps",
-         lambda: audit_dp_sgd(jax.random.key(12), poisson, canary="gradient", canaries=m)),
-        ("dp-sgd", f"gradient canary, {2 * runs:,} runs",
+         lambda: audit_dp_sgd(jax.random.key(12), poisson, canary="gradient", canaries=m_grad)),
+        ("dp-sgd", "gradient canary, many runs",
          lambda: audit_dp_sgd(jax.random.key(13), cfg, canary="gradient", mode="many-run", runs=runs)),
+        ("dp-sgd", "gradient canary, many runs, ε = 8",
+         lambda: audit_dp_sgd(jax.random.key(16), high, canary="gradient", mode="many-run", runs=runs)),
         ("dp-sgd", "input canaries (black box), one run",
-         lambda: audit_dp_sgd(jax.random.key(14), cfg, canary="input", canaries=1000)),
+         lambda: audit_dp_sgd(jax.random.key(14), cfg, canary="input", canaries=m_input)),
         ("dp-sgd", "crafted float32-cancellation canaries, one run",
          lambda: audit_dp_sgd(jax.random.key(15), cfg, canary="fp-cancel", canaries=m)),
         ("dp-sgd", "gradient canaries, one run",
-         lambda: audit_dp_sgd(jax.random.key(11), cfg, canary="gradient", canaries=m, variant="no-clip")),
+         lambda: audit_dp_sgd(jax.random.key(11), cfg, canary="gradient", canaries=m_grad, variant="no-clip")),
         ("dp-sgd", "input canaries (black box), one run",
-         lambda: audit_dp_sgd(jax.random.key(14), cfg, canary="input", canaries=1000, variant="no-clip")),
+         lambda: audit_dp_sgd(jax.random.key(14), cfg, canary="input", canaries=m_input, variant="no-clip")),
         ("dp-sgd", "gradient canaries, one run",
-         lambda: audit_dp_sgd(jax.random.key(11), cfg, canary="gradient", canaries=m, variant="half-noise")),
-        ("dp-sgd", f"gradient canary, {2 * runs:,} runs",
+         lambda: audit_dp_sgd(jax.random.key(11), cfg, canary="gradient", canaries=m_grad, variant="half-noise")),
+        ("dp-sgd", "gradient canary, many runs",
          lambda: audit_dp_sgd(jax.random.key(13), cfg, canary="gradient", mode="many-run", runs=runs,
                               variant="half-noise")),
     ]
@@ -61,20 +64,23 @@ def _cases(quick: bool):
         out.append(("dp-sgd", "crafted float32-cancellation canaries, one run",
                     lambda: audit_dp_sgd(jax.random.key(15), cfg, canary="fp-cancel", canaries=m,
                                          variant="old-engine")))
+    inst = default_instances(n=int(200 * f))
+    draws = int(1_000_000 * f)
     for name in sorted(S.PRIVATE_MECHANISMS):
-        out.append(("selection", "exact, worst-case neighbours", lambda name=name: exact_audit(name, 1.0)))
+        out.append(("selection", "exact, worst-case neighbours", lambda name=name: exact_audit(name, 1.0, *inst)))
     for name in ("krr", "pf", "em", "gem", "rs-geometric"):
-        out.append(("selection", f"sampler, {int(2e5 * f):,} draws",
-                    lambda name=name: sampled_audit(name, 1.0, jax.random.key(21), draws=int(2e5 * f))))
+        out.append(("selection", "sampler",
+                    lambda name=name: sampled_audit(name, 1.0, jax.random.key(21), draws, *inst)))
     out += [
-        ("selection", "exact, worst-case neighbours", lambda: exact_audit("rnmh-nonprivate", 1.0)),
-        ("selection", "exact, worst-case neighbours", lambda: exact_audit("em", 1.0, variant="half-noise")),
-        ("selection", "exact, worst-case neighbours", lambda: exact_audit("pf", 1.0, variant="monotone-misdeclared")),
-        ("selection", f"sampler, {int(2e5 * f):,} draws",
-         lambda: sampled_audit("em", 1.0, jax.random.key(22), draws=int(2e5 * f), variant="half-noise")),
+        ("selection", "exact, worst-case neighbours", lambda: exact_audit("rnmh-nonprivate", 1.0, *inst)),
+        ("selection", "exact, worst-case neighbours", lambda: exact_audit("em", 1.0, *inst, variant="half-noise")),
+        ("selection", "exact, worst-case neighbours",
+         lambda: exact_audit("pf", 1.0, *inst, variant="monotone-misdeclared")),
+        ("selection", "sampler",
+         lambda: sampled_audit("em", 1.0, jax.random.key(22), draws, *inst, variant="half-noise")),
     ]
     alt = dict(epsilon=2.0, budget=8, show_progress=False)
-    n_runs = 1 if quick else 4
+    n_runs = 1 if quick else 10
     for method in ("ada-dpals", "ada-dpsgd"):
         out.append(("altmin", f"canary users, {n_runs} × 400 pooled",
                     lambda method=method: audit_altmin(AltMinConfig(method=method, **alt), canaries=400,
@@ -104,8 +110,9 @@ def render(payload: dict) -> str:
         "`old-engine` (the clipping engine without the floating-point bound of its norms, `_FP_BOUND = False`, "
         "against the crafted float32-cancellation example of #69 item 1), `monotone-misdeclared` (RNM/EM/PF's "
         "monotone form on scores that move both ways), RNMH (not private) and altmin's non-private `als` fitted "
-        "while the private method's ε is reported (`no-noise`). DP-SGD: ε = 2, δ = 1e-5, C = 1 (σ from the RDP "
-        "accountant); selection: ε = 1 (reported: the mechanism's `privacy_report`); altmin: ε = 2, δ = 1e-5, "
+        "while the private method's ε is reported (`no-noise`). DP-SGD: ε = 2, full batches (q = 1) and 2 steps "
+        "unless the row says otherwise, δ = 1e-5, C = 1, σ from the RDP accountant; "
+        "selection: ε = 1 (reported: the mechanism's `privacy_report`); altmin: ε = 2, δ = 1e-5, "
         "budget 8, tiny planted data (300 users, 40 items) plus canary users each rating 8 items of their own at "
         "the top of the scale (score: the released item biases, rank 0 at this size).",
         "",

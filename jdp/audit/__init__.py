@@ -14,7 +14,7 @@ attack may be weak. Each auditor takes deliberately broken variants too, to show
 * `altmin`     — DP alternating minimization (`jdp.altmin.fit`): canary users; variant "no-noise".
 
 Benchmark: `python -m benchmarks.privacy_audit` (table in benchmarks/README.md); method and limits in
-docs/privacy.md#auditing.
+docs/privacy.md (section "Auditing").
 """
 from jdp.audit.altmin import audit_altmin
 from jdp.audit.bounds import (AuditResult, RoutineAudit, clopper_pearson_lower, clopper_pearson_upper,

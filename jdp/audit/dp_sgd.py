@@ -12,7 +12,7 @@ Canaries (`canary=`):
 * "gradient" — white-box gradient canaries (Nasr et al. 2021, 2023's Dirac canaries). The model is linear in
   its weights W [P, Q] (`nn.Dense` without bias on inputs [B, 2, P], loss Σ out·c), so an example's gradient is
   Σ_t x_t c_tᵀ whatever W is: canary i is x = (s·e_p, 0), c = (s·e_q, 0), gradient s²·E_pq (norm s² ≫ C) on its
-  own coordinate (p, q). Score: the total released update's projection on that coordinate.
+  own coordinate (p, q) (P = Q = max(64, ⌈√m⌉)). Score: the total released update's projection on that coordinate.
 * "input" — black-box input canaries: a softmax classifier on Gaussian-cluster data; each canary is an
   out-of-distribution input of norm s (the canaries in mutually orthogonal random directions) with a random
   label; the auditor sees only the model's loss on the canary (score: loss before training − loss after).
@@ -236,6 +236,12 @@ def _build(cfg: DPSGDAuditConfig, loss_fn, n: int, variant: str) -> tuple[DPSGD,
     return broken(honest, variant), sigma, honest.epsilon()
 
 
+def _as_run(dpsgd: DPSGD) -> dict:
+    """What the audited run used (differs from the reported setting in the broken variants)."""
+    return {"run_noise_multiplier": dpsgd.noise_multiplier, "run_l2_clip": dpsgd.l2_clip,
+            "run_noise_std": dpsgd.noise_multiplier * dpsgd.l2_clip}
+
+
 def _kernel(params):
     return params["params"]["Dense_0"]["kernel"]
 
@@ -286,7 +292,8 @@ def _one_run(key, cfg, canary, m, n_bg, variant, confidence, scale, rng):
         data = _concat(_zero_rows(rows, keep), _cluster_data(max(n_bg, 1), dim, classes, rng, centres))
         params0 = model.init(jax.random.key(0), jnp.zeros((1, dim)))
     else:
-        width = 64
+        # the crafted example is the #69 item-1 case (Dense(64)); gradient canaries need width² ≥ m coordinates
+        width = 64 if canary == "fp-cancel" else max(64, math.isqrt(m - 1) + 1)
         model, loss_fn = _linear_loss(width)
         if canary == "gradient":
             scale = 10.0 if scale is None else scale
@@ -316,7 +323,7 @@ def _one_run(key, cfg, canary, m, n_bg, variant, confidence, scale, rng):
         raise ValueError("non-finite canary scores: the run diverged")
     result = one_run_audit(scores, keep, cfg.delta, confidence)
     return result, {"reported_epsilon": reported, "noise_multiplier": sigma, "canaries": m,
-                    "canary_scale": scale, "runs": 1}
+                    "canary_scale": scale, "runs": 1, **_as_run(dpsgd)}
 
 
 def _many_run_gradient(key, cfg, runs, n_bg, variant, confidence, scale, rng, chunk, seed):
@@ -357,7 +364,7 @@ def _many_run_gradient(key, cfg, runs, n_bg, variant, confidence, scale, rng, ch
         raise ValueError("non-finite canary scores: a run diverged")
     result = many_run_audit(s[:runs], s[runs:], cfg.delta, confidence, seed=seed)
     return result, {"reported_epsilon": reported, "noise_multiplier": sigma, "canaries": 1, "runs": 2 * runs,
-                    "canary_scale": scale}
+                    "canary_scale": scale, **_as_run(dpsgd)}
 
 
 __all__ = ["CANARIES", "DPSGDAuditConfig", "MODES", "VARIANTS", "audit_dp_sgd", "broken",
