@@ -99,8 +99,10 @@ def render(payload: dict) -> str:
     lines = [
         "## Privacy audit: reported ε beside an empirical lower bound",
         "",
-        f"`{payload['command']}` → `benchmarks/results/{NAME}.json` (commit {payload['git_commit'][:7]}, "
-        f"{payload['device']}, {payload['date'][:10]}, {payload['seconds']:.0f} s). `jdp.audit` runs each routine "
+        f"`{payload['command']}` → `benchmarks/results/{NAME}.json` (commit {payload['git_commit'][:7]}"
+        f"{' with uncommitted changes in the tree' if payload['git_commit'].endswith('-dirty') else ''}, "
+        f"{payload['device']}, {payload['date'][:10]}, {payload['seconds']:.0f} s). "
+        + (payload["note"] + " " if payload.get("note") else "") + "`jdp.audit` runs each routine "
         "as implemented on canaries and turns the attacker's success into a lower bound on ε at 95% confidence "
         "(one run: Steinke, Nasr & Jagielski 2023, m canaries each in w.p. ½, Bonferroni over the guess counts "
         "tried; many runs: Clopper–Pearson on a held-out half; selection: exact log-ratios of `probabilities` on "
@@ -151,6 +153,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
     parser.add_argument("--render-only", action="store_true", help="re-render the section from the JSON")
+    parser.add_argument("--note", default=None, help="a sentence about the run, kept in the JSON and the section")
     args = parser.parse_args()
     path = RESULTS_DIR / f"{NAME}.json"
     if not args.render_only:
@@ -168,6 +171,9 @@ def main() -> None:
         write_results(NAME, rows, confidence=CONFIDENCE, quick=args.quick, seconds=time.perf_counter() - t0,
                       old_engine_available=old_engine_available())
     payload = json.loads(path.read_text())
+    if args.note is not None:
+        payload["note"] = args.note
+        path.write_text(json.dumps(payload, indent=2, default=float) + "\n")
     SECTION.write_text(render(payload))
     print("wrote", path, "and", SECTION)
 
