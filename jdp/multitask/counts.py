@@ -60,6 +60,9 @@ def private_counts(key: jax.Array, user: jax.Array, item: jax.Array, n_items: in
     if count_sample < 1:
         raise ValueError(f"count_sample must be >= 1, got {count_sample}")
     check_unique_pairs(user, item, ("user", "item"), "private_counts")
+    item_np = np.asarray(item)
+    if item_np.size and (item_np.min() < 0 or item_np.max() >= n_items):
+        raise ValueError(f"item ids must lie in [0, n_items = {n_items}) (the public task catalogue)")
     check_positive(noise_multiplier, "noise_multiplier")
     k_sample, k_noise = jax.random.split(key)
     keep = uniform_sampling_weights(k_sample, user, count_sample)
@@ -104,16 +107,19 @@ def private_label_sum(key: jax.Array, user: jax.Array, label: jax.Array, label_b
     """(noisy Σ clipped labels, noisy number of labels), the two releases behind `private_mean`.
 
     Each user keeps ≤ count_sample of its labels (uniform subsample) and each is clipped to
-    [−label_bound, label_bound] (a public bound). Removing user j changes the sum by at most
-    count_sample·label_bound and the count by at most count_sample: both sensitivities count ROWS, so
-    they hold with or without duplicate (user, item) rows (a duplicate is one more row of the same
-    user, inside its count_sample). Two Gaussian releases with the same noise multiplier, both recorded
+    [−label_bound, label_bound] (a public bound); NaN/inf labels raise ValueError (a NaN would survive the
+    clip). Removing user j changes the sum by at most count_sample·label_bound and the count by at most
+    count_sample: both sensitivities count ROWS, so they hold with or without duplicate (user, item) rows
+    (a duplicate is one more row of the same user, inside its count_sample). Two Gaussian releases with the same noise multiplier, both recorded
     in `report`.
     """
     check_positive(label_bound, "label_bound")
     check_positive(noise_multiplier, "noise_multiplier")
     if count_sample < 1:
         raise ValueError(f"count_sample must be >= 1, got {count_sample}")
+    # a NaN label survives the clip and turns the released sum into NaN, which tells whether its user took part
+    if not np.all(np.isfinite(np.asarray(label))):
+        raise ValueError("label must be finite (no NaN/inf)")
     k_sample, k_sum, k_cnt = jax.random.split(key, 3)
     keep = uniform_sampling_weights(k_sample, user, count_sample)
     clipped = jnp.clip(label, -label_bound, label_bound)

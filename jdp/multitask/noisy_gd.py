@@ -15,7 +15,8 @@ its features are aligned. The code computes this norm (per-observation squared n
 user) and multiplies all of user j's rows by s_j = min(1, C / ‖G_j‖_F), so the user's total
 contribution s_j G_j to the summed gradient has Frobenius norm ≤ C, with equality for any user whose
 gradient exceeds C: the sensitivity of one step is C whatever the weights, features, labels or
-number of tasks (the weights only share the clip among the user's tasks). The normaliser q·n uses
+number of tasks (the weights only share the clip among the user's tasks). A user whose gradient
+overflows float32 (a non-finite squared norm) contributes 0, never a NaN. The normaliser q·n uses
 the public n (`n_users`, the declared size of the user id space) and λ is data-independent, so
 neither depends on the user. With c copies of one (task, user) pair the row would be the sum of c
 aligned vectors, ‖Σ g‖ = c‖g‖ while the computed norm is √c‖g‖: the contribution could reach √c·C.
@@ -89,7 +90,10 @@ def _run(key, theta, task, user, x, y, w, n_tasks, n_users, steps, clip_norm, si
         # ‖G_j‖_F² = Σ_obs ‖g_obs‖², exact because (task, user) pairs are unique (see module docstring)
         user_sq = jax.ops.segment_sum(jnp.sum(g_obs**2, axis=1), user, num_segments=n_users)
         scale = in_batch * jnp.minimum(1.0, clip_norm / jnp.sqrt(jnp.maximum(user_sq, 1e-30)))
-        g = jax.ops.segment_sum(scale[user][:, None] * g_obs, task, num_segments=n_tasks)
+        # a user whose gradient overflows (w·resid or its square past float32, e.g. a huge weight) has a non-finite
+        # squared norm and contributes 0: 0·inf would put a NaN in the released sum, revealing that it took part
+        scale = jnp.where(jnp.isfinite(user_sq), scale, 0.0)[user][:, None]
+        g = jax.ops.segment_sum(jnp.where(scale > 0, scale * g_obs, 0.0), task, num_segments=n_tasks)
         g = add_gaussian(k_noise, g, sigma * clip_norm)
         theta = theta - lr * (g / expected_batch + lam * theta)
         return clip_by_norm(theta, radius), None  # projection onto the ball of radius `radius`
