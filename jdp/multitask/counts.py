@@ -110,8 +110,8 @@ def private_label_sum(key: jax.Array, user: jax.Array, label: jax.Array, label_b
     [−label_bound, label_bound] (a public bound); NaN/inf labels raise ValueError (a NaN would survive the
     clip). Removing user j changes the sum by at most count_sample·label_bound and the count by at most
     count_sample: both sensitivities count ROWS, so they hold with or without duplicate (user, item) rows
-    (a duplicate is one more row of the same user, inside its count_sample). Two Gaussian releases with the same noise multiplier, both recorded
-    in `report`.
+    (a duplicate is one more row of the same user, inside its count_sample). Two Gaussian releases with the
+    same noise multiplier, both recorded in `report`.
     """
     check_positive(label_bound, "label_bound")
     check_positive(noise_multiplier, "noise_multiplier")

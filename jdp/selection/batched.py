@@ -149,7 +149,10 @@ def _shift_rows(scores, sens, t_abs, resolution):
     ref = jnp.max(d, axis=-1) if resolution == "max" else jnp.min(d, axis=-1)
     magnitude = -jnp.min(q, axis=-1) + t_abs * jnp.max(d, axis=-1)
     bad = 4.0 * _UNIT_ROUNDOFF * magnitude > _LOSS_SLACK * ref
-    return q, ~jnp.any(bad & jnp.isfinite(magnitude) & (ref > 0))  # non-finite / Δ ≤ 0: reported by `_checked`
+    # an infinite magnitude from finite inputs (GEM's q_a − tΔ_a past float64's range) is a range violation too:
+    # the overflowed candidates would get probability 0 on one neighbour and not on the other. Non-finite inputs
+    # and Δ ≤ 0 are reported by `_checked` first (`finish` raises on its flags before it checks the range)
+    return q, ~jnp.any(bad & (ref > 0))
 
 
 def select(name: str, key: jax.Array, scores, sensitivities, epsilon: float, allow_nonprivate: bool = False,
