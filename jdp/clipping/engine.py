@@ -333,7 +333,8 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
     a chunk whose norms, taken from its factors as recorded (a NaN or inf in any factor shows there), and
     losses are all finite is summed with weight 0 on masked rows; any other chunk is recomputed with those
     examples' factors set to exact zeros by `where` before any norm or sum. A non-finite unmasked unit
-    contributes nothing and is counted in num_nonfinite (eagerly, a ValueError is raised).
+    contributes nothing and is counted in num_nonfinite, a private diagnostic (nothing is raised:
+    a private computation never changes course on a property of the data).
 
     Unit of privacy: one example (or one group_ids unit); neighbouring relation add/remove one unit.
     Returns a ClippedGrad; grad_sum has L2 sensitivity `sensitivity`.
@@ -412,9 +413,6 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
             grad_sum=grad_sum, norms=rows(parts.norms), loss=rows(parts.loss), clip_factors=rows(parts.clip_factors),
             group_norms=rows(parts.group_norms), num_nonfinite=jnp.sum(parts.num_nonfinite),
             sensitivity=sensitivity, partition_labels=labels)
-    if all(_is_concrete(x) for x in jax.tree.leaves((params, batch, mask))) and int(result.num_nonfinite) > 0:
-        raise ValueError(f"loss_fn produced a non-finite loss or gradient norm for {int(result.num_nonfinite)} "
-                         "unit(s) of the batch")
     return result
 
 
@@ -515,20 +513,24 @@ def _clip_batch(loss_fn, plan, leaves, treedef, params, Cs, leaf_label, labels, 
     if (group_ids is not None or method == "ghost-two-pass"
             or any(c.checks for c in contribs.values())):   # (`checks`: inputs of a batch-mixing op)
         return checked(contribs)
-    sq = _diag_sq_norms(contribs, leaf_label, len(labels), B, mth, memory_limit, zeroed=False)
-    clean = jnp.all(jnp.isfinite(sq)) & jnp.all(jnp.isfinite(losses))
+    bound = _diag_sq_norms(contribs, leaf_label, len(labels), B, mth, memory_limit, zeroed=False)
+    clean = jnp.all(jnp.isfinite(bound[0])) & jnp.all(jnp.isfinite(bound[1])) & jnp.all(jnp.isfinite(losses))
     fresh = {i: dataclasses.replace(c, dense=None) for i, c in contribs.items()}   # as before any norm
-    return jax.lax.cond(clean, lambda: finish(contribs, sq, w, w > 0, jnp.zeros((B,), bool), all_finite=True),
+    return jax.lax.cond(clean, lambda: finish(contribs, bound, w, w > 0, jnp.zeros((B,), bool), all_finite=True),
                         lambda: checked(fresh))
 
 
-def _diag_sq_norms(contribs, leaf_label, K, B, mth, memory_limit, zeroed=True) -> jax.Array:
-    """[B, K] squared norms per example and parameter group."""
-    sq = [jnp.zeros((B,), jnp.float32) for _ in range(K)]
+def _diag_sq_norms(contribs, leaf_label, K, B, mth, memory_limit, zeroed=True) -> tuple[jax.Array, jax.Array]:
+    """Certified bounds (q [B, K], lin [B, K]) per example and parameter group: the vector summed for an example's
+    group k has norm ≤ √q + lin (`norms.sq_norms_diag`; the leaves' linear terms add as orthogonal parts)."""
+    q = [jnp.zeros((B,), jnp.float32) for _ in range(K)]
+    lin2 = [jnp.zeros((B,), jnp.float32) for _ in range(K)]
     for i, c in contribs.items():
         if c.mats or c.lookups or c.insts:
-            sq[leaf_label[i]] = sq[leaf_label[i]] + _norms.sq_norms_diag(c, mth, memory_limit, zeroed)
-    return jnp.stack(sq, axis=1)
+            qi, li = _norms.sq_norms_diag(c, mth, memory_limit, zeroed)
+            q[leaf_label[i]] = q[leaf_label[i]] + qi
+            lin2[leaf_label[i]] = lin2[leaf_label[i]] + li * li
+    return jnp.stack(q, axis=1), jnp.sqrt(jnp.stack(lin2, axis=1))
 
 
 def _clip_checked(finish, leaf_label, K, mth, memory_limit, w, group_ids, N, losses, contribs) -> ClippedGrad:
@@ -548,23 +550,47 @@ def _clip_checked(finish, leaf_label, K, mth, memory_limit, w, group_ids, N, los
     # ||sum_{b in n} g_b||^2 = sum over pairs (b, c) of unit n of <g_b, g_c>; pairs of other units
     # are excluded with `where` (not multiplied by 0) so no other unit's value can leak in.
     same = (group_ids[:, None] == group_ids[None, :]) & keep[:, None] & keep[None, :]
-    sq = [jnp.zeros((N,), jnp.float32) for _ in range(K)]
+    q = [jnp.zeros((N,), jnp.float32) for _ in range(K)]
+    lin2 = [jnp.zeros((N,), jnp.float32) for _ in range(K)]
     for i, c in contribs.items():
         if c.mats or c.lookups or c.insts:
-            Kb = _norms.sq_norms_pairs(c, mth)
+            Kb, Sb, beta, lin_b = _norms.sq_norms_pairs(c, mth)
             rows = jnp.sum(jnp.where(same, Kb, 0.0), axis=1)
-            sq[leaf_label[i]] = sq[leaf_label[i]] + jax.ops.segment_sum(rows, group_ids, num_segments=N)
+            unit = jax.ops.segment_sum(rows, group_ids, num_segments=N)
+            # the unit's sum of pairs, then its two sums over ≤ B terms: off by ≤ (β + γ_{2B+2}) (Σ_{b∈n} S_b)²
+            S_unit = jax.ops.segment_sum(jnp.where(keep, Sb, 0.0), group_ids, num_segments=N)
+            S_unit = S_unit * (1.0 + _norms.gamma(B + 1))
+            err = (beta + _norms.gamma(2 * B + 2) * (1.0 + beta)) * S_unit * S_unit
+            lin = jax.ops.segment_sum(jnp.where(keep, lin_b, 0.0), group_ids, num_segments=N)
+            q[leaf_label[i]] = q[leaf_label[i]] + (unit if not _norms._FP_BOUND else jnp.maximum(unit, 0.0) + err)
+            lin2[leaf_label[i]] = lin2[leaf_label[i]] + lin * lin * (1.0 + _norms.gamma(B + 1)) ** 2
     unit_w = (jax.ops.segment_max(w, group_ids, num_segments=N) > 0).astype(jnp.float32)
     unit_bad = jax.ops.segment_max(ex_bad.astype(jnp.int32), group_ids, num_segments=N) > 0
-    return finish(contribs, jnp.stack(sq, axis=1), unit_w, keep, unit_bad)
+    return finish(contribs, (jnp.stack(q, axis=1), jnp.sqrt(jnp.stack(lin2, axis=1))), unit_w, keep, unit_bad)
 
 
 def _finish(loss_fn, leaves, treedef, params, Cs, leaf_label, labels, sensitivity, method, normalize, batch, w,
-            group_ids, losses, contribs, sq, unit_w, keep, unit_bad, all_finite=False) -> ClippedGrad:
-    """Clip factors from the squared norms sq [N, K] of the units (weights unit_w, non-finite unit_bad), and the
-    clipped sum of the examples kept (`keep`) by book-keeping (or a second backward)."""
+            group_ids, losses, contribs, bound, unit_w, keep, unit_bad, all_finite=False) -> ClippedGrad:
+    """Clip factors from the certified bounds (q, lin) [N, K] of the units (weights unit_w, non-finite unit_bad),
+    and the clipped sum of the examples kept (`keep`) by book-keeping (or a second backward).
+
+    A unit's norm in group k is √q + lin, raised by the slack of forming it (`norms.BOUND_SLACK`), by a floor
+    for underflow (`norms.ABS_FLOOR`) and by the rounding of the sum to a parameter's own dtype (a bfloat16
+    leaf rounds each entry to within 2^-8 of it): an upper bound on the norm of what `grad_sum` receives from
+    the unit, so its clipped contribution is ≤ C_k (docs/privacy.md#floating-point)."""
     K = len(labels)
-    gnorms = jnp.sqrt(jnp.maximum(sq, 0.0))
+    q, lin = bound
+    if _norms._FP_BOUND:
+        out_u = [0.0] * K        # the unit roundoff of the dtype each group's sums are cast to
+        for i, x in enumerate(leaves):
+            out_u[leaf_label[i]] = max(out_u[leaf_label[i]], float(jnp.finfo(jnp.result_type(x)).eps) / 2
+                                       if jnp.finfo(jnp.result_type(x)).bits < 32 else 0.0)
+        n_leaves = [leaf_label.count(k) for k in range(K)]     # q and lin are sums over a group's leaves
+        slack = jnp.asarray([_norms.BOUND_SLACK * (1.0 + _norms.gamma(n + 1)) * (1.0 + e)
+                             for n, e in zip(n_leaves, out_u)], jnp.float32)[None, :]
+        gnorms = (jnp.sqrt(q) + lin) * slack + _norms.ABS_FLOOR
+    else:
+        gnorms = jnp.sqrt(jnp.maximum(q, 0.0))
     # a norm that overflows is not finite either: the unit is dropped like a NaN one
     finite = ~unit_bad & jnp.all(jnp.isfinite(gnorms), axis=1)
     Cs_j = jnp.asarray(Cs, jnp.float32)[None, :]

@@ -88,6 +88,77 @@ def _gather_cols(L, ids):
     return jnp.take_along_axis(L, idx, axis=2)
 
 
+# ---- floating-point bounds (docs/privacy.md#floating-point) ------------------------------------------------
+# Every norm below is a CERTIFIED upper bound on the norm of the vector that `clipped_sum` adds for the unit,
+# in float32 as computed. Float model: IEEE binary32, round to nearest, unit roundoff u = 2^-24; a sum of n
+# terms formed in ANY order (as XLA's dots and reductions may form it; fused multiply-adds included) is within
+# γ_{n-1}·Σ|terms| of the exact sum, γ_n = n·u / (1 - n·u) (Higham, Accuracy and Stability, Lemma 3.1 / 3.4).
+# A Gram norm Σ_{t,u} (L Lᵀ)_{tu} (R Rᵀ)_{tu} is a difference of large terms: with ℓ_t = ‖L_t‖, r_t = ‖R_t‖
+# and S = Σ_t ℓ_t r_t (≥ ‖Lᵀ R‖ by the triangle inequality), each Gram entry is off by ≤ γ_P ℓ_t ℓ_u (γ_Q r_t r_u)
+# and the whole sum by ≤ β S² with β = γ_{P+Q+T+⌈log2 T⌉+4} (the T² terms summed over u in any order, then over t
+# by pairwise halving, whose depth XLA cannot change). Sums of non-negative terms (‖U‖² of an instantiated
+# gradient, of a lookup's row sums) are taken in blocks of ≤ 32 and then by pairwise halving, so they are off by
+# a RELATIVE γ_{32+⌈log2 n⌉+1}. The vector actually summed differs from the exact gradient by ≤ γ_{T+2}·S (its T products
+# added by a GEMM or scatter in any order): that LINEAR term is added to the norm outside the square root. A unit
+# whose norm is computed as ≈ 0 while its terms are large (near-cancellation) thus gets a norm ≥ √β·S, and its
+# summed vector, ≤ ‖exact‖ + γ S, stays within the clip bound.
+U32 = 2.0 ** -24
+# the roundings of forming the bound itself, besides the sums over leaves (a square root, an addition, the
+# products by the constants below): a relative slack above their count times u (`engine._finish` adds γ_leaves)
+BOUND_SLACK = 1.0 + 16 * U32
+# a product or sum that underflows is flushed to 0 (XLA's CPU backend flushes denormals): an absolute error of at
+# most 2^-126 per operation, far below this floor for any shape that fits in memory
+ABS_FLOOR = 1e-25
+# tests set this to False to reproduce the uncertified norms (the float32 cancellation of audit issue 69 item 1)
+_FP_BOUND = True
+
+
+def gamma(n: int) -> float:
+    """Higham's γ_n = n·u / (1 - n·u) for float32 (a static, shape-derived constant)."""
+    nu = n * U32
+    if nu >= 0.25:
+        raise ValueError(f"a float32 sum of {n} terms has no useful error bound: shapes this large are refused")
+    return nu / (1.0 - nu)
+
+
+def _depth(n: int) -> int:
+    return max(0, math.ceil(math.log2(max(n, 1))))
+
+
+def _tree_sum(x: jax.Array) -> jax.Array:
+    """Sum over the last axis by pairwise halving (⌈log2 n⌉ additions on every path: an order XLA keeps)."""
+    while x.shape[-1] > 1:
+        n, h = x.shape[-1], x.shape[-1] // 2
+        y = x[..., :h] + x[..., h:2 * h]
+        x = y if n % 2 == 0 else jnp.concatenate([y, x[..., 2 * h:]], axis=-1)
+    return x[..., 0]
+
+
+def _block(n: int, most: int = 32) -> int:
+    return max(d for d in range(1, min(n, most) + 1) if n % d == 0)
+
+
+def sum_nonneg(x: jax.Array) -> tuple[jax.Array, int]:
+    """Σ over all but the leading axis of non-negative x [B, ...], and the n of the γ_n bounding its RELATIVE error:
+    blocks of ≤ 32 contiguous values summed in any order, then the block sums by pairwise halving."""
+    flat = x.reshape(x.shape[0], -1)
+    n = flat.shape[1]
+    k = _block(n)
+    part = jnp.sum(flat.reshape(x.shape[0], n // k, k), axis=2) if k > 1 else flat
+    return _tree_sum(part), k + _depth(n // k)
+
+
+def row_norm_sums(A: jax.Array, B_: jax.Array | None = None) -> tuple[jax.Array, int]:
+    """S = Σ_t ‖A_t‖·‖B_t‖ [B] of A [B,T,P], B [B,T,Q] (Σ_t ‖A_t‖ without B), and the n of γ_n with
+    S_exact ≤ S·(1 + γ_n)."""
+    s = jnp.sqrt(jnp.sum(A * A, axis=-1))
+    n = A.shape[-1] + 2
+    if B_ is not None:
+        s = s * jnp.sqrt(jnp.sum(B_ * B_, axis=-1))
+        n += B_.shape[-1] + 2
+    return jnp.sum(s, axis=-1), n + A.shape[1]
+
+
 # Instantiation runs as a plain GEMM per example and is ~2x more efficient per FLOP than the batched
 # T x T Grams of ghost clipping on CPU (measured at T=50, vocab 23,715), hence the factor.
 GHOST_COST_FACTOR = 2.0
@@ -141,25 +212,30 @@ def _chunk_size(B: int, P: int, Q: int, memory_limit: int) -> int:
     return divisor if 2 * divisor >= limit else limit
 
 
-def lookup_sq_norms(ids: jax.Array, R: jax.Array) -> jax.Array:
-    """||onehot(ids_b)^T R_b||^2 per example [B]: rows of R with equal ids summed, then squared.
+def lookup_sq_norms(ids: jax.Array, R: jax.Array) -> tuple[jax.Array, int]:
+    """‖ŝ_b‖² per example [B] with ŝ_b the row sums onehot(ids_b)ᵀ R_b as computed (each off the exact one by
+    ≤ γ_T Σ_t |R_t|), and the n of the γ_n bounding the relative error of that sum of squares.
 
     Sorting the ids and summing runs of equal ids costs O(T log T + T Q) per example; the equality
     matrix [T, T] it replaces costs O(T^2 Q) and dominates for long lookups (e.g. sampled-softmax
-    candidates, T ~ 10^3)."""
+    candidates, T ~ 10^3). Both forms square and sum non-negative values only (no cancellation)."""
     T = ids.shape[1]
     if T * T <= 4 * T * max(1, math.ceil(math.log2(max(T, 2)))):  # tiny T: the dense form is cheaper
         eq = (ids[:, :, None] == ids[:, None, :]).astype(R.dtype)
-        return jnp.einsum("btu,btq,buq->b", eq, R, R)
+        sums = jnp.einsum("btu,buq->btq", eq, R)           # each position carries its id's row sum
+        sq = sums * sums / jnp.sum(eq, axis=2)[..., None]  # ... counted once over the id's positions
+        s, n = sum_nonneg(sq)
+        return s, n + 3
 
     def one(i, r):
         order = jnp.argsort(i)
         s = i[order]
         seg = jnp.cumsum(jnp.concatenate([jnp.zeros((1,), jnp.int32), (s[1:] != s[:-1]).astype(jnp.int32)]))
         sums = jax.ops.segment_sum(r[order], seg, num_segments=T, indices_are_sorted=True)
-        return jnp.sum(sums * sums)
+        return sums * sums
 
-    return jax.vmap(one)(ids, R)
+    s, n = sum_nonneg(jax.vmap(one)(ids, R))
+    return s, n + 1
 
 
 # Longest window at which the Gram of factors as recorded (not zeroed) is a plain einsum: with no zeroing
@@ -188,29 +264,51 @@ def _gram(X: jax.Array, zeroed: bool = True) -> jax.Array:
     return jnp.einsum("bpt,bpu->btu", Xt, Xt)
 
 
-def sq_norms_diag(c: LeafContribs, method: str, memory_limit: int, zeroed: bool = True) -> jax.Array:
-    """Per-example squared norms [B] of one leaf's gradient (`zeroed`: see `_gram`).
+def sq_norms_diag(c: LeafContribs, method: str, memory_limit: int, zeroed: bool = True
+                  ) -> tuple[jax.Array, jax.Array]:
+    """Certified bounds (q [B], lin [B]) on one leaf's per-example gradient: the vector `clipped_sum` adds for
+    example b (weight 1) has norm ≤ √q_b + lin_b (see the floating-point notes above; `zeroed`: see `_gram`).
 
     Every term is a sum of products of factor values, so a NaN or inf in any factor of an example makes its
-    squared norm NaN or inf (0 * inf is NaN too): finite norms prove finite factors (`engine._clip_batch`)."""
-    n2 = 0.0
+    q (or lin) NaN or inf (0 * inf is NaN too): finite bounds prove finite factors (`engine._clip_batch`)."""
+    B = next(x.shape[0] for x in ([L for L, _ in c.mats] + [R for _, R in c.lookups] + c.insts))
+    zero = jnp.zeros((B,), jnp.float32)
+    n2, err2, lin = zero, zero, zero          # computed ‖·‖², its absolute error bound, linear terms
     inst_mat = choose_instantiate(c, method)
-    R_l = ids = None
+    P, Q = c.pq if c.pq is not None else (1, int(math.prod(c.shape)))
+    R_l = ids = S_l = None
     if c.lookups:
         ids = _cat([i for i, _ in c.lookups])
         R_l = _cat([r for _, r in c.lookups])
-        n2 = n2 + lookup_sq_norms(ids, R_l)
+        Tl = ids.shape[1]
+        s_l, n_l = lookup_sq_norms(ids, R_l)
+        S_l, n_s = row_norm_sums(R_l)
+        S_l = S_l * (1.0 + gamma(n_s))
+        n2 = n2 + s_l
+        err2 = err2 + 2.0 * gamma(n_l) * s_l
+        # the row sums as computed vs exact (segment sums) and the scatter-add of `clipped_sum`: ≤ γ_{T+2} S_l each
+        lin = lin + 2.0 * gamma(Tl + 2 + len(c.lookups)) * S_l
     if c.mats and not inst_mat:
         L = _cat([l for l, _ in c.mats])
         R = _cat([r for _, r in c.mats])
+        Tm = L.shape[1]
         gl, gr = _gram(L, zeroed), _gram(R, zeroed)
-        n2 = n2 + jnp.sum(gl * gr, axis=(1, 2))
+        n2 = n2 + _tree_sum(jnp.sum(gl * gr, axis=2))
+        # S_m from the Grams' diagonals: each ‖L_t‖² is off by a relative γ_P, so ‖L_t‖ by less than γ_P
+        dl, dr = jnp.diagonal(gl, axis1=1, axis2=2), jnp.diagonal(gr, axis1=1, axis2=2)
+        S_m = jnp.sum(jnp.sqrt(jnp.maximum(dl, 0.0)) * jnp.sqrt(jnp.maximum(dr, 0.0)), axis=1)
+        S_m = S_m * (1.0 + gamma(P + Q + Tm + 6))
+        err2 = err2 + gamma(P + Q + Tm + _depth(Tm) + 4) * S_m * S_m
+        # book-keeping's GEMM adds the example's Tm products (and a weight, and one add per site): ≤ γ S_m
+        lin = lin + gamma(Tm + 2 + len(c.mats)) * S_m
         if c.lookups:
-            cols = _gather_cols(L, ids)                       # [B, Tm, Tl]
-            n2 = n2 + 2.0 * jnp.einsum("but,btq,buq->b", cols, R_l, R)
+            cols = _gather_cols(L, ids)                                  # [B, Tm, Tl] = L[b, u, ids[b, t]]
+            M = jnp.einsum("btq,buq->btu", R_l, R)                       # [B, Tl, Tm], each off by γ_Q
+            n2 = n2 + 2.0 * _tree_sum(jnp.sum(jnp.swapaxes(cols, 1, 2) * M, axis=2))
+            # |L[u, id]| ≤ ‖L_u‖: off by ≤ γ_{Q+Tm+log Tl+2} S_l S_m; the row sums' own error (≤ γ_T S_l against
+            # ‖U_m‖ ≤ S_m) enters the cross term of the computed sums: 2 (β + γ_T) S_l S_m
+            err2 = err2 + 2.0 * (gamma(Q + Tm + _depth(Tl) + 3) + gamma(Tl + 1)) * S_l * S_m
     if inst_mat or c.insts:
-        P, Q = c.pq if c.pq is not None else (1, int(math.prod(c.shape)))
-        B = (c.mats[0][0] if c.mats else c.insts[0]).shape[0]
         chunk = _chunk_size(B, P, Q, memory_limit)
 
         def instantiated(mats, insts):
@@ -226,21 +324,23 @@ def sq_norms_diag(c: LeafContribs, method: str, memory_limit: int, zeroed: bool 
         def one(args, Ut=None):
             mats, insts, lk = args
             Ut = instantiated(mats, insts) if Ut is None else Ut
-            out = jnp.sum(Ut * Ut, axis=(1, 2))
+            sq, _ = sum_nonneg(Ut * Ut)
+            cross = jnp.zeros_like(sq)
             if lk is not None:
                 lids, lR = lk
                 idx = jnp.broadcast_to(lids[:, None, :], (lids.shape[0], Q, lids.shape[1]))
                 rows = jnp.take_along_axis(Ut, idx, axis=2)                  # [b, Q, Tl]
-                out = out + 2.0 * jnp.einsum("bqt,btq->b", rows, lR)
-            return out
+                cross = 2.0 * _tree_sum(jnp.sum(rows * jnp.swapaxes(lR, 1, 2), axis=1))
+            return sq, cross
 
         lk = (ids, R_l) if c.lookups else None
         args = (list(c.mats), list(c.insts), lk)
-        if chunk >= B:  # in one piece: kept for `clipped_sum`
+        n_sq = _block(P * Q) + _depth(P * Q // _block(P * Q)) + 1
+        if chunk >= B:  # in one piece: kept for `clipped_sum`, which then adds exactly this U
             Ut = instantiated(c.mats, c.insts)
             if c.mats:
                 c.dense = Ut
-            n2 = n2 + one(args, Ut)
+            sq, cross = one(args, Ut)
         else:
             nb = -(-B // chunk)
             pad = nb * chunk - B
@@ -249,44 +349,93 @@ def sq_norms_diag(c: LeafContribs, method: str, memory_limit: int, zeroed: bool 
                 x = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1))
                 return x.reshape((nb, chunk) + x.shape[1:])
 
-            n2 = n2 + jax.lax.map(one, jax.tree.map(split, args)).reshape(-1)[:B]
-    return n2
+            sq, cross = jax.tree.map(lambda x: x.reshape(-1)[:B], jax.lax.map(one, jax.tree.map(split, args)))
+            if c.mats:
+                # the norm is of U as formed here, the sum is book-keeping's GEMM over the factors: both within
+                # γ_{T+2} S_m of the exact gradient (S_m from the factors' rows: one more pass over them)
+                S_m, n_s = zero, 0
+                for L, R in c.mats:
+                    s, n = row_norm_sums(L, R)
+                    S_m, n_s = S_m + s, max(n_s, n)
+                Tm = sum(L.shape[1] for L, _ in c.mats)
+                lin = lin + 2.0 * gamma(Tm + 2 + len(c.mats)) * S_m * (1.0 + gamma(n_s + len(c.mats)))
+        n2 = n2 + sq + cross
+        err2 = err2 + gamma(n_sq) * sq
+        if c.lookups:
+            # the cross term: off by ≤ γ_{Q+log Tl+2} ‖U‖ S_l, and the row sums' error (≤ γ_T S_l) against ‖U‖
+            norm_u = jnp.sqrt(sq * (1.0 + gamma(n_sq)))
+            err2 = err2 + 2.0 * (gamma(Q + _depth(Tl) + 3) + gamma(Tl + 1)) * norm_u * S_l
+    if not _FP_BOUND:   # the uncertified norm, for tests of the attack this bound defeats
+        return n2, zero
+    return jnp.maximum(n2, 0.0) + err2, lin
 
 
-def sq_norms_pairs(c: LeafContribs, method: str) -> jax.Array:
-    """Cross-example inner products K[b, c] = <U_b, U_c> [B, B] (for user-level / group clipping)."""
+def sq_norms_pairs(c: LeafContribs, method: str) -> tuple[jax.Array, jax.Array, float, jax.Array]:
+    """Cross-example inner products for user-level (group) clipping, with their floating-point bounds:
+    (K [B, B] with K[b, c] ≈ <U_b, U_c>, S [B], β, lin [B]) such that for any unit n (a set of examples)
+    ‖Σ_{b∈n} U_b‖² ≤ Σ_{b,c∈n} K[b, c] + β (Σ_{b∈n} S_b)², and the vector `clipped_sum` adds for the unit is
+    within Σ_{b∈n} lin_b of Σ_{b∈n} U_b."""
     inst_mat = choose_instantiate(c, method)
-    K = 0.0
-    R_l = ids = None
-    U = None
+    B = next(x.shape[0] for x in ([L for L, _ in c.mats] + [R for _, R in c.lookups] + c.insts))
+    K, S, lin, beta = 0.0, jnp.zeros((B,), jnp.float32), jnp.zeros((B,), jnp.float32), 0.0
+    R_l = ids = U = None
+    P, Q = c.pq if c.pq is not None else (1, int(math.prod(c.shape)))
+    T_all = sum(L.shape[1] for L, _ in c.mats)
+    if c.mats:
+        # book-keeping's GEMM adds a unit's products (at most B·T of them) in any order
+        S_m, n_s = jnp.zeros((B,), jnp.float32), 0
+        for L, R in c.mats:
+            s, n = row_norm_sums(L, R)
+            S_m, n_s = S_m + s, max(n_s, n)
+        S_m = S_m * (1.0 + gamma(n_s + len(c.mats)))
+        lin = lin + gamma(B * T_all + 2 + len(c.mats)) * S_m
     if inst_mat or c.insts:
-        P, Q = c.pq if c.pq is not None else (1, int(math.prod(c.shape)))
         U = 0.0
         for L, R in c.mats:
             U = U + jnp.einsum("btp,btq->bpq", L, R)
         for u in c.insts:
             U = U + u.reshape(u.shape[0], P, Q)
-        K = K + jnp.einsum("bpq,cpq->bc", U, U)
+        # contracted over the shorter axis, the longer by pairwise halving: each entry off by ≤ β ‖U_b‖ ‖U_c‖
+        Kx = jnp.einsum("bpq,cpq->bcq", U, U) if P <= Q else jnp.einsum("bpq,cpq->bcp", U, U)
+        K = K + _tree_sum(Kx)
+        b_i = gamma(min(P, Q) + _depth(max(P, Q)) + 2)
+        S = S + jnp.sqrt(jnp.maximum(jnp.diagonal(K), 0.0) * (1.0 + 2.0 * b_i))   # ≥ ‖U_b‖ as formed
+        beta = max(beta, b_i)
+        if c.mats:   # U as formed vs the exact gradient: ≤ γ_{T+1} S_m
+            lin = lin + gamma(T_all + 2) * S_m
     if c.lookups:
         ids = _cat([i for i, _ in c.lookups])
         R_l = _cat([r for _, r in c.lookups])
-        eq = (ids[:, :, None, None] == ids[None, None, :, :]).astype(R_l.dtype)   # [B,T,C,U]
-        K = K + jnp.einsum("btcu,btq,cuq->bc", eq, R_l, R_l)
+        Tl = ids.shape[1]
+        S_l, n_s = row_norm_sums(R_l)
+        S = S + S_l * (1.0 + gamma(n_s))
+        eq = ids[:, :, None, None] == ids[None, None, :, :]                     # [B,T,C,U]
+        RR = jnp.einsum("btq,cuq->btcu", R_l, R_l)
+        K = K + jnp.sum(jnp.where(eq, RR, 0.0), axis=(1, 3))
+        beta = max(beta, gamma(Q + Tl * Tl + 2))
+        lin = lin + gamma(B * Tl + 2 + len(c.lookups)) * S_l * (1.0 + gamma(n_s))   # the scatter-add
         if U is not None:
             rows = jnp.take(U, ids, axis=1)                     # [C, B, T, Q] = U[c, ids[b,t]]
             x = jnp.einsum("cbtq,btq->bc", rows, R_l)
             K = K + x + x.T
+            beta = max(beta, gamma(Tl * Q + 2))
     if c.mats and not inst_mat:
         L = _cat([l for l, _ in c.mats])
         R = _cat([r for _, r in c.mats])
         gl = jnp.einsum("btp,cup->btcu", L, L)
         gr = jnp.einsum("btq,cuq->btcu", R, R)
-        K = K + jnp.einsum("btcu,btcu->bc", gl, gr)
+        K = K + jnp.sum(gl * gr, axis=(1, 3))
+        S = S + S_m
+        beta = max(beta, gamma(P + Q + T_all * T_all + 2))
         if c.lookups:
             cols = jnp.take(L, ids, axis=2)                     # [C, U, B, T] = L[c, u, ids[b,t]]
-            x = jnp.einsum("cubt,btq,cuq->bc", cols, R_l, R)
+            M = jnp.einsum("btq,cuq->btcu", R_l, R)
+            x = jnp.einsum("cubt,btcu->bc", cols, M)
             K = K + x + x.T
-    return K
+            beta = max(beta, gamma(Q + T_all * Tl + 2))
+    if not _FP_BOUND:
+        return K, jnp.zeros((B,), jnp.float32), 0.0, jnp.zeros((B,), jnp.float32)
+    return K, S, beta, lin
 
 
 def clipped_sum(c: LeafContribs, weights: jax.Array, all_finite: bool = False) -> jax.Array:
@@ -314,4 +463,5 @@ def clipped_sum(c: LeafContribs, weights: jax.Array, all_finite: bool = False) -
 
 
 __all__ = ["LeafContribs", "choose_instantiate", "describe", "finite_rows", "zero_rows", "sq_norms_diag",
-           "sq_norms_pairs", "clipped_sum"]
+           "sq_norms_pairs", "clipped_sum", "gamma", "sum_nonneg",
+           "BOUND_SLACK", "ABS_FLOOR"]
