@@ -47,7 +47,7 @@ def _canary_data(background: Interactions, canaries: int, items_per_canary: int,
 def audit_altmin(cfg: AltMinConfig = AltMinConfig(method="ada-dpals", epsilon=2.0, budget=8, show_progress=False),
                  *, canaries: int = 100, items_per_canary: int = 8, runs: int = 1, mode: str = "one-run",
                  background_users: int = 300, background_items: int = 40, background_ratings: int = 3000,
-                 variant: str = "honest", confidence: float = 0.95, seed: int = 0) -> RoutineAudit:
+                 variant: str = "honest", confidence: float = 0.95, seed: int) -> RoutineAudit:
     """Audits `fit(train, cfg)` with canary users (module docstring). `seed` (public) draws the background data,
     the inclusion bits and, offset per run, each fit's noise seed (a fixed seed is right here: the audit
     reproduces an experiment, it releases nothing)."""

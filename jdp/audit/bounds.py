@@ -230,7 +230,7 @@ def _candidate_bounds(s_in: np.ndarray, s_out: np.ndarray, delta: float, alpha: 
     return t, above, below
 
 
-def many_run_audit(scores_in, scores_out, delta: float, confidence: float = 0.95, seed: int = 0) -> AuditResult:
+def many_run_audit(scores_in, scores_out, delta: float, confidence: float = 0.95, *, seed: int) -> AuditResult:
     """Clopper–Pearson lower bound from independent runs with (`scores_in`) and without (`scores_out`) the
     canary; higher score = more likely "in".
 

@@ -34,7 +34,7 @@ MONOTONE = ("rnm-exp", "rnm-gumbel", "rnm-laplace", "em", "pf")  # mechanisms wi
 LOG_TOLERANCE = 1e-8
 
 
-def default_instances(k: int = 6, n: int = 40, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def default_instances(k: int = 6, n: int = 40, *, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Score / sensitivity instances [n + 3, k]: random rows (scores of mixed spread, sensitivities 0.05..1) and
     three structured ones: all scores tied, one leader far ahead, and a tiny-Δ leader over a large-Δ runner-up
     (RNMH's counter-example)."""
@@ -96,7 +96,7 @@ def _laws_on_neighbours(name, epsilon, scores, sensitivities, variant, params):
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     if scores is None:
-        scores, sensitivities = default_instances()
+        scores, sensitivities = default_instances(seed=0)   # public, fixed test instances
     q = np.asarray(scores, np.float64)
     if q.ndim != 2:
         raise ValueError(f"scores must be [instances, candidates], got shape {q.shape}")
@@ -112,7 +112,7 @@ def _laws_on_neighbours(name, epsilon, scores, sensitivities, variant, params):
 def exact_audit(name: str, epsilon: float, scores=None, sensitivities=None, *, variant: str = "honest",
                 **params) -> RoutineAudit:
     """The largest exact log-ratio of output probabilities over the worst-case neighbours of `scores`
-    (default `default_instances()`), beside the reported ε. Neighbours move every score by at most its Δ in any
+    (default `default_instances(seed=0)`), beside the reported ε. Neighbours move every score by at most its Δ in any
     direction, or all in one direction when the mechanism runs with `monotone=True` (and the variant is not
     "monotone-misdeclared", which runs it so on neighbours that move both ways)."""
     q, d, nb, p, p2, monotone_relation = _laws_on_neighbours(name, epsilon, scores, sensitivities, variant, params)
@@ -157,7 +157,9 @@ def sampled_audit(name: str, epsilon: float, key: jax.Array, draws: int = 100_00
     hit_a, hit_b = (a == o).astype(float), (b == o).astype(float)
     # o is likelier on the instance when p > p': the instance is then the "in" side of the test
     s_in, s_out = (hit_a, hit_b) if p[i, o] >= p2[i, c, o] else (hit_b, hit_a)
-    result = many_run_audit(s_in, s_out, 0.0, confidence)
+    # the public split of the draws into selection / evaluation halves, from the caller's key
+    split_seed = int(jax.random.randint(jax.random.fold_in(key, 2), (), 0, 2 ** 31 - 1))
+    result = many_run_audit(s_in, s_out, 0.0, confidence, seed=split_seed)
     result = AuditResult(result.epsilon_lower_bound, result.confidence, result.delta, result.method,
                          {**result.details, "instance": int(i), "neighbour": int(c), "output": int(o),
                           "p": float(p[i, o]), "p_neighbour": float(p2[i, c, o])})

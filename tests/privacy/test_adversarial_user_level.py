@@ -34,6 +34,8 @@ from jdp.multitask.ssp import clip_label_norms, task_weighted_ssp
 U32 = 2.0 ** -24  # float32 unit roundoff
 REL = 1e-5        # relative tolerance on every sensitivity
 FAST, SLOW = 8, 100  # random restarts per routine: default run / -m slow
+# (restarts, seed) of each search: a small budget in the default suite, a larger one in the slow suite
+BUDGETS = pytest.mark.parametrize("restarts, seed", [(FAST, 0), pytest.param(SLOW, 1, marks=pytest.mark.slow)])
 WORST = {}  # routine -> worst ratio found (printed with -s)
 
 
@@ -111,13 +113,9 @@ def _counts_attack(counts_spy, restarts, seed):
         assert WORST[name] >= 1 - 1e-6, name  # the bound is attained: the search reaches the worst case
 
 
-def test_counts_and_label_sums_adversarial(counts_spy):
-    _counts_attack(counts_spy, FAST, 0)
-
-
-@pytest.mark.slow
-def test_counts_and_label_sums_adversarial_broad(counts_spy):
-    _counts_attack(counts_spy, SLOW, 1)
+@BUDGETS
+def test_counts_and_label_sums_adversarial(counts_spy, restarts, seed):
+    _counts_attack(counts_spy, restarts, seed)
 
 
 def test_counts_refuse_invalid_rows_before_releasing(counts_spy):
@@ -252,13 +250,9 @@ def _ssp_attack(solve_spy, restarts, seed):
     assert min(worst) >= 1 - 1e-3  # the search reaches the bound
 
 
-def test_ssp_statistics_adversarial(solve_spy):
-    _ssp_attack(solve_spy, FAST, 0)
-
-
-@pytest.mark.slow
-def test_ssp_statistics_adversarial_broad(solve_spy):
-    _ssp_attack(solve_spy, SLOW, 1)
+@BUDGETS
+def test_ssp_statistics_adversarial(solve_spy, restarts, seed):
+    _ssp_attack(solve_spy, restarts, seed)
 
 
 def test_ssp_refuses_invalid_rows_before_releasing(solve_spy):
@@ -324,13 +318,9 @@ def _label_norm_attack(restarts, seed):
     assert worst >= 1 - 1e-3
 
 
-def test_label_norm_clip_adversarial():
-    _label_norm_attack(FAST, 0)
-
-
-@pytest.mark.slow
-def test_label_norm_clip_adversarial_broad():
-    _label_norm_attack(SLOW, 1)
+@BUDGETS
+def test_label_norm_clip_adversarial(restarts, seed):
+    _label_norm_attack(restarts, seed)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -409,13 +399,9 @@ def _noisy_gd_attack(gradient_spy, restarts, seed):
     assert worst >= 1 - 1e-4
 
 
-def test_noisy_gd_step_adversarial(gradient_spy):
-    _noisy_gd_attack(gradient_spy, FAST, 0)
-
-
-@pytest.mark.slow
-def test_noisy_gd_step_adversarial_broad(gradient_spy):
-    _noisy_gd_attack(gradient_spy, SLOW, 1)
+@BUDGETS
+def test_noisy_gd_step_adversarial(gradient_spy, restarts, seed):
+    _noisy_gd_attack(gradient_spy, restarts, seed)
 
 
 def test_noisy_gd_overflowing_user_contributes_zero_not_nan(gradient_spy):
