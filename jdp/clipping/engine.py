@@ -562,7 +562,7 @@ def _clip_checked(finish, leaf_label, K, mth, memory_limit, w, group_ids, N, los
             S_unit = S_unit * (1.0 + _norms.gamma(B + 1))
             err = (beta + _norms.gamma(2 * B + 2) * (1.0 + beta)) * S_unit * S_unit
             lin = jax.ops.segment_sum(jnp.where(keep, lin_b, 0.0), group_ids, num_segments=N)
-            q[leaf_label[i]] = q[leaf_label[i]] + (unit if not _norms._FP_BOUND else jnp.maximum(unit, 0.0) + err)
+            q[leaf_label[i]] = q[leaf_label[i]] + jnp.maximum(unit, 0.0) + err
             lin2[leaf_label[i]] = lin2[leaf_label[i]] + lin * lin * (1.0 + _norms.gamma(B + 1)) ** 2
     unit_w = (jax.ops.segment_max(w, group_ids, num_segments=N) > 0).astype(jnp.float32)
     unit_bad = jax.ops.segment_max(ex_bad.astype(jnp.int32), group_ids, num_segments=N) > 0
@@ -581,10 +581,11 @@ def _finish(loss_fn, leaves, treedef, params, Cs, leaf_label, labels, sensitivit
     K = len(labels)
     q, lin = bound
     if _norms._FP_BOUND:
-        out_u = [0.0] * K        # the unit roundoff of the dtype each group's sums are cast to
+        out_u = [0.0] * K        # the unit roundoff of a dtype narrower than float32 that a group's sums are cast to
         for i, x in enumerate(leaves):
-            out_u[leaf_label[i]] = max(out_u[leaf_label[i]], float(jnp.finfo(jnp.result_type(x)).eps) / 2
-                                       if jnp.finfo(jnp.result_type(x)).bits < 32 else 0.0)
+            info = jnp.finfo(jnp.result_type(x))
+            if info.bits < 32:
+                out_u[leaf_label[i]] = max(out_u[leaf_label[i]], float(info.eps) / 2)
         n_leaves = [leaf_label.count(k) for k in range(K)]     # q and lin are sums over a group's leaves
         slack = jnp.asarray([_norms.BOUND_SLACK * (1.0 + _norms.gamma(n + 1)) * (1.0 + e)
                              for n, e in zip(n_leaves, out_u)], jnp.float32)[None, :]
