@@ -47,8 +47,10 @@ def top_k(scores: jax.Array, k: int, exclude: jax.Array | None = None) -> jax.Ar
 
 
 def _hits(scores, targets, k, exclude):
+    # top_k ranks NaN first: a NaN-scored target is no hit (it still takes its slot from the other items)
     idx = top_k(scores, k, exclude)
-    return jnp.take_along_axis(targets, idx, axis=1).astype(jnp.float32)  # [users, k]
+    hit = jnp.take_along_axis(targets, idx, axis=1) & ~jnp.isnan(jnp.take_along_axis(scores, idx, axis=1))
+    return hit.astype(jnp.float32)  # [users, k]
 
 
 def recall_at_k(scores: jax.Array, targets: jax.Array, k: int, exclude: jax.Array | None = None) -> jax.Array:
@@ -81,13 +83,15 @@ def rank_of_target(scores: jax.Array, target: jax.Array, exclude: jax.Array | No
     """0-based rank of one target item per row among all items (ties counted pessimistically).
 
     scores: [users, items]; target: int [users]. Used for full-ranking NDCG/HIT with one target:
-    NDCG@k = 1/log2(rank+2) if rank < k, HIT@k = rank < k.
+    NDCG@k = 1/log2(rank+2) if rank < k, HIT@k = rank < k. A NaN score counts against the target: a NaN
+    target ranks last, and any other NaN item ranks above it (a broken model never scores a hit).
     """
     if exclude is not None:
         exclude = exclude.at[jnp.arange(scores.shape[0]), target].set(False)
         scores = jnp.where(exclude, -jnp.inf, scores)
     t = jnp.take_along_axis(scores, target[:, None], axis=1)
-    return jnp.sum(scores >= t, axis=1) - 1
+    above = (scores >= t) | jnp.isnan(scores) | jnp.isnan(t)
+    return jnp.sum(above, axis=1) - 1
 
 
 def popularity_buckets(counts: np.ndarray, n_buckets: int = 5) -> np.ndarray:

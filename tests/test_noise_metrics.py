@@ -99,6 +99,17 @@ def test_rank_of_target():
     assert int(metrics.rank_of_target(scores, jnp.array([1]), ex)[0]) == 0
 
 
+def test_rank_of_target_counts_nan_against_the_target():
+    """A NaN target score gave rank -1 (a hit at every k): it now ranks last; a NaN elsewhere ranks above it."""
+    nan = jnp.nan
+    scores = jnp.array([[0.1, nan, 0.9, 0.3], [0.1, nan, 0.9, 0.3]])
+    ranks = metrics.rank_of_target(scores, jnp.array([1, 3]))
+    assert ranks.tolist() == [3, 2]
+    targets = jnp.array([[False, True, False, False]] * 2)
+    for fn in (metrics.recall_at_k, metrics.ndcg_at_k, metrics.hit_at_k):
+        assert fn(scores, targets, 2).tolist() == [0.0, 0.0], fn.__name__  # top_k puts NaN first: no hit
+
+
 def test_popularity_buckets_and_sliced_rmse():
     counts = np.array([50, 1, 7, 3, 100, 2, 9, 20, 4, 5])
     b = metrics.popularity_buckets(counts, 5)

@@ -26,8 +26,8 @@ import numpy as np
 from jdp.selection import correlation
 from jdp.selection import generalized_em as gem_mod
 from jdp.selection import random_stop as rs_mod
-from jdp.selection.registry import (_LOSS_SLACK, _UNIT_ROUNDOFF, PRIVATE_MECHANISMS, _gem_shift_magnitude,
-                                    check_range, get_mechanism, range_violations)
+from jdp.selection.registry import (PRIVATE_MECHANISMS, _gem_shift_magnitude, check_range, get_mechanism,
+                                    range_violations, resolution_violations)
 from jdp.validation import check_epsilon, check_shapes, is_concrete
 
 
@@ -139,20 +139,15 @@ def _rs_poissonized(frozen: tuple) -> Callable:
 
 
 @functools.partial(jax.jit, static_argnames=("resolution",))
-def _shift_rows(scores, sens, t_abs, resolution):
+def _shift_rows(scores, sens, t_abs, epsilon, resolution):
     """(scores − row max, range-ok flag) in the input dtype (float64 in `select`); NaN/inf stay non-finite
-    for `_checked`'s flags."""
+    for `_checked`'s flags. The flag is `range_violations`' rule: an infinite magnitude from finite inputs (GEM's
+    q_a − tΔ_a past float64's range) and a noise scale outside float64's normal range violate it too. Non-finite
+    inputs and Δ ≤ 0 are reported by `_checked` first (`finish` raises on its flags before it checks the range)."""
     q = scores - jnp.max(scores, axis=-1, keepdims=True)
     if resolution is None:
         return q, jnp.bool_(True)
-    d = jnp.broadcast_to(sens, q.shape)
-    ref = jnp.max(d, axis=-1) if resolution == "max" else jnp.min(d, axis=-1)
-    magnitude = -jnp.min(q, axis=-1) + t_abs * jnp.max(d, axis=-1)
-    bad = 4.0 * _UNIT_ROUNDOFF * magnitude > _LOSS_SLACK * ref
-    # an infinite magnitude from finite inputs (GEM's q_a − tΔ_a past float64's range) is a range violation too:
-    # the overflowed candidates would get probability 0 on one neighbour and not on the other. Non-finite inputs
-    # and Δ ≤ 0 are reported by `_checked` first (`finish` raises on its flags before it checks the range)
-    return q, ~jnp.any(bad & (ref > 0))
+    return q, ~jnp.any(resolution_violations(q, sens, t_abs, epsilon, resolution))
 
 
 def select(name: str, key: jax.Array, scores, sensitivities, epsilon: float, allow_nonprivate: bool = False,
@@ -226,7 +221,8 @@ def _select64(mech, name, key, scores, sensitivities, epsilon, allow_nonprivate,
     elif scores.ndim != 2:
         raise ValueError(f"scores must have shape [k] or [B, k], got {scores.shape}")
     k = scores.shape[-1]
-    scores, range_ok = _shift_rows(scores, sens, _gem_shift_magnitude(mech, k, epsilon, params), mech.resolution)
+    scores, range_ok = _shift_rows(scores, sens, _gem_shift_magnitude(mech, k, epsilon, params), epsilon,
+                                   mech.resolution)
 
     def finish(out, flags):
         _raise_on(flags)  # invalid input: nothing is returned

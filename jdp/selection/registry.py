@@ -130,6 +130,11 @@ class Mechanism:
 _UNIT_ROUNDOFF = 2.0 ** -53
 LOSS_SLACK = 2.0 ** -12
 _LOSS_SLACK = LOSS_SLACK
+# The argument above assumes relative rounding, which holds for normal floats only: a noise scale Δ/ε near
+# float64's subnormal range (below 2⁻¹⁰²²) is rounded by an absolute step that can exceed any Δ (a scale of
+# 1.25·2⁻¹⁰⁷⁴ rounds to 2⁻¹⁰⁷⁴), and one near overflow loses the scores' resolution. Every Δ_a/ε must lie in
+# [2⁻⁹⁶⁰, 2⁹⁶⁰], which leaves 62 binary orders of headroom on both sides for the mechanisms' own products.
+_SCALE_RANGE = (2.0 ** -960, 2.0 ** 960)
 
 
 def _gem_shift_magnitude(mech: Mechanism, k: int, epsilon: float, params: dict) -> float:
@@ -144,20 +149,42 @@ def _gem_shift_magnitude(mech: Mechanism, k: int, epsilon: float, params: dict) 
 
 def range_violations(mech: Mechanism, shifted, sensitivities, epsilon: float, params: dict):
     """Boolean [...] per row: True where float64 cannot represent the row's range finely enough
-    (`_UNIT_ROUNDOFF`·magnitude > `_LOSS_SLACK`/4 · Δ). `shifted`: scores minus their row maximum
-    (numpy or jax arrays; jax inside `select`'s float64 pass)."""
+    (`_UNIT_ROUNDOFF`·magnitude > `_LOSS_SLACK`/4 · Δ) or some noise scale Δ_a/ε is not a normal float
+    (`scale_violations`). `shifted`: scores minus their row maximum (numpy or jax arrays; jax inside `select`'s
+    float64 pass)."""
+    t = _gem_shift_magnitude(mech, shifted.shape[-1], epsilon, params)
+    return resolution_violations(shifted, sensitivities, t, epsilon, mech.resolution)
+
+
+def resolution_violations(shifted, sensitivities, t_abs, epsilon, resolution: str):
+    """`range_violations` with the GEM shift |t| given (traceable in everything but `resolution`)."""
     xp = np if isinstance(shifted, np.ndarray) else jnp
     d = xp.broadcast_to(sensitivities, shifted.shape)
-    ref = xp.max(d, axis=-1) if mech.resolution == "max" else xp.min(d, axis=-1)
-    t = _gem_shift_magnitude(mech, shifted.shape[-1], epsilon, params)
-    magnitude = -xp.min(shifted, axis=-1) + t * xp.max(d, axis=-1)
-    return 4.0 * _UNIT_ROUNDOFF * magnitude > _LOSS_SLACK * ref
+    ref = xp.max(d, axis=-1) if resolution == "max" else xp.min(d, axis=-1)
+    magnitude = -xp.min(shifted, axis=-1) + t_abs * xp.max(d, axis=-1)
+    return (4.0 * _UNIT_ROUNDOFF * magnitude > _LOSS_SLACK * ref) | scale_violations(d, epsilon)
+
+
+def scale_violations(sensitivities, epsilon: float):
+    """Boolean [...] per row: True where some noise scale Δ_a/ε leaves [2⁻⁹⁶⁰, 2⁹⁶⁰] (see `_SCALE_RANGE`)."""
+    xp = np if isinstance(sensitivities, np.ndarray) else jnp
+    return ((xp.min(sensitivities, axis=-1) < _SCALE_RANGE[0] * epsilon)
+            | (xp.max(sensitivities, axis=-1) > _SCALE_RANGE[1] * epsilon))
 
 
 def check_range(mech: Mechanism, shifted, sensitivities, epsilon: float, params: dict) -> None:
     """ValueError naming `scores` when some row's range cannot be resolved (see `range_violations`)."""
     if mech.resolution is None:
         return
+    d_all = np.broadcast_to(np.asarray(sensitivities, np.float64), np.shape(shifted))
+    small = np.asarray(scale_violations(d_all, epsilon))
+    if small.any():
+        row = np.unravel_index(int(np.argmax(small)), small.shape) if small.ndim else ()
+        raise ValueError(
+            f"sensitivities: row {tuple(int(i) for i in row)} has a noise scale Δ/ε outside "
+            f"[{_SCALE_RANGE[0]:.3g}, {_SCALE_RANGE[1]:.3g}] (Δ in [{d_all[row].min():.6g}, {d_all[row].max():.6g}], "
+            f"ε = {epsilon:.6g}): float64 cannot round such scales relatively, so the privacy loss could exceed ε. "
+            f"Rescale scores and sensitivities together (the selection does not change)")
     bad = np.asarray(range_violations(mech, np.asarray(shifted, np.float64), np.asarray(sensitivities, np.float64),
                                       epsilon, params))
     if bad.any():

@@ -160,11 +160,19 @@ def _subnormal_search(name, restarts, seed):
             assert loss <= eps * (1 + SLACK) + 1e-8, (name, eps, loss)
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(
-    strict=True, reason="subnormal noise scales are rounded past ε; the fix belongs in registry.range_violations"))
-    if n in SUBNORMAL_BROKEN else n for n in PRIVATE])
+@pytest.mark.parametrize("name", PRIVATE)
 def test_exact_privacy_loss_with_subnormal_noise_scales(name):
+    """Subnormal scales were rounded past ε by every mechanism in `SUBNORMAL_BROKEN`; they are now refused
+    (`registry.scale_violations`), in `probabilities` and in `select` alike."""
     _subnormal_search(name, 2, 5)
+    if name in SUBNORMAL_BROKEN:
+        d = np.full(4, 5 * 5e-324)
+        with pytest.raises(ValueError, match="noise scale"):
+            S.probabilities(name, np.zeros(4), d, 8.0)
+        with pytest.raises(ValueError, match="noise scale|must be > 0"):  # XLA:CPU flushes subnormals to 0
+            S.select(name, jax.random.key(0), np.zeros((2, 4)), d, 8.0)
+        with pytest.raises(ValueError, match="noise scale"):  # normal Δ, scale Δ/ε past float64's normal range
+            S.select(name, jax.random.key(0), np.zeros((2, 4)), np.full(4, 1e-300), 1e30)
 
 
 @pytest.mark.slow
