@@ -34,4 +34,12 @@ test-gpu:
 	JAX_PLATFORMS=cuda XLA_PYTHON_CLIENT_PREALLOCATE=false $(PY) -m pytest -q -m "not slow" -p no:cacheprovider \
 		--durations=25 -n 8 --dist loadfile -rfE
 
-.PHONY: install demo test test-slow test-all test-gpu
+# a wheel of the checkout (pure Python: one file for every platform) for another machine or Colab
+# (docs/install.md): no virtualenv needed; WHEEL_DIR is where it goes
+WHEEL_DIR ?= dist
+wheel:
+	rm -rf build/lib  # setuptools' staging copy: a module deleted since the last build would ship otherwise
+	$(PYTHON) -m pip wheel --no-deps --wheel-dir $(WHEEL_DIR) .
+	@ls -1 $(WHEEL_DIR)/jdp_privacy-*.whl
+
+.PHONY: install demo test test-slow test-all test-gpu wheel

@@ -3,7 +3,9 @@
     PYTHONPATH=. python notebooks/execute.py [name.ipynb ...]      # default: every notebook here
 
 Data comes through `jdp.data.fetch` (set $JDP_DATA to a cache that already holds the files to run offline).
-Outputs are kept small: the repository root and the data cache are written as relative / `$JDP_DATA` paths.
+Outputs are kept small: the repository root and the data cache are written as relative / `$JDP_DATA` paths, and
+widget outputs (tqdm's notebook progress bars) and the widget state are dropped: saved, they show a bar frozen at
+its first frame (or "Loading widget...") on GitHub and Colab.
 """
 from __future__ import annotations
 
@@ -26,6 +28,17 @@ def _scrub(text: str) -> str:
     return text.replace(cache, "$JDP_DATA") if cache else text
 
 
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def strip_widgets(nb) -> None:
+    """Drops widget outputs and the notebook's saved widget state (in place)."""
+    nb.metadata.pop("widgets", None)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = [o for o in cell.get("outputs", []) if WIDGET_VIEW not in o.get("data", {})]
+
+
 def execute(path: pathlib.Path, timeout: int = 3600) -> float:
     nb = nbformat.read(path, as_version=4)
     t0 = time.perf_counter()
@@ -37,6 +50,7 @@ def execute(path: pathlib.Path, timeout: int = 3600) -> float:
             for key in ("text/plain", "text/html"):
                 if key in out.get("data", {}):
                     out["data"][key] = _scrub(out["data"][key])
+    strip_widgets(nb)
     nbformat.write(nb, path)
     return time.perf_counter() - t0
 

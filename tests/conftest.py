@@ -65,6 +65,7 @@ def run_notebook(monkeypatch):
         nb = nbformat.read(ROOT / "notebooks" / name, as_version=4)
         NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
         outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+        run.last = nb  # the executed notebook, for tests that check its figures
         return "".join(o.get("text", "") for o in outputs), [o for o in outputs if o.get("output_type") == "error"]
 
     return run
