@@ -2,7 +2,10 @@
 
 The example is the first ```python block under `## Minimal example`; it runs in a fresh namespace
 (examples assert their own privacy claims, e.g. the report's ε). Examples whose compilation takes
-most of a minute are marked slow (run with `-m slow`)."""
+most of a minute are marked slow (run with `-m slow`).
+
+The README's Python blocks run as written too, each in a fresh namespace, except blocks marked schematic (a
+```python-schematic fence, or a first line `# schematic`): excluded on purpose, and nothing else is."""
 from __future__ import annotations
 
 import json
@@ -46,6 +49,66 @@ def test_minimal_example_runs(name, capsys):
     code = minimal_example((DOCS / f"{name}.md").read_text())
     exec(compile(code, f"docs/{name}.md", "exec"), {"__name__": f"docs_{name}"})
     assert capsys.readouterr().out.strip(), "the example prints what it computed"
+
+
+README = DOCS.parent / "README.md"
+FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```[ \t]*$", re.M | re.S)
+README_LANGUAGES = {"python", "python-schematic", "bash"}
+SLOW_IMPORTS = ("jdp.altmin", "jdp.meta", "jdp.seqrec")  # a whole private fit compiles: slow, like the guides
+
+
+def is_schematic(language: str, code: str) -> bool:
+    return language == "python-schematic" or (language == "python" and code.lstrip().startswith("# schematic"))
+
+
+def readme_python_blocks(text: str) -> list[str]:
+    """The README's Python blocks that must run: every ```python block not marked schematic."""
+    return [code for lang, code in FENCE.findall(text) if lang.strip() == "python" and not is_schematic("python", code)]
+
+
+def test_readme_blocks_are_runnable_python_or_marked_schematic():
+    blocks = [(lang.strip(), code) for lang, code in FENCE.findall(README.read_text())]
+    # every block names its language, so no Python hides in an untagged or differently tagged fence
+    assert blocks and {lang for lang, _ in blocks} <= README_LANGUAGES, [lang for lang, _ in blocks]
+    python = [(lang, code) for lang, code in blocks if lang.startswith("python")]
+    run = readme_python_blocks(README.read_text())
+    # excluded = exactly the marked ones
+    assert len(python) - len(run) == sum(is_schematic(lang, code) for lang, code in python)
+    assert len(run) >= 2, "the ten lines and the entry points run"
+    assert is_schematic("python-schematic", "x = f(y)\n") and is_schematic("python", "# schematic\nx = f(y)\n")
+    assert not is_schematic("python", "x = 1  # schematic\n")
+    assert readme_python_blocks("```python\na = 1\n```\n```python-schematic\nb\n```\n```python\n# schematic\nc\n```\n") \
+        == ["a = 1\n"]
+
+
+def _readme_params():
+    return [pytest.param(code, id=f"readme-python-{i}",
+                         marks=[pytest.mark.slow] if any(m in code for m in SLOW_IMPORTS) else [])
+            for i, code in enumerate(readme_python_blocks(README.read_text()))]
+
+
+@pytest.mark.parametrize("code", _readme_params())
+def test_readme_python_block_runs(code, capsys):
+    exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+    assert capsys.readouterr().out.strip(), "the block prints what it computed"
+
+
+def test_readme_make_targets_exist():
+    targets = set(re.findall(r"^([\w-]+):", (DOCS.parent / "Makefile").read_text(), flags=re.M))
+    used = {name: set(re.findall(r"\bmake ([a-z][\w-]*)", (DOCS.parent / name).read_text()))
+            for name in ("README.md", "docs/install.md", "docs/performance.md")}
+    assert {"demo", "test", "wheel"} <= used["README.md"], used  # the two commands, and the wheel for Colab
+    assert set().union(*used.values()) <= targets, set().union(*used.values()) - targets
+
+
+def test_readme_is_short_and_links_the_docs():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 120
+    assert "<" + "jdp's git repository>" not in text and "git+https://<" not in text  # no placeholder URL
+    for name in ["install", "performance", "privacy", *GUIDES]:
+        assert f"docs/{name}.md" in text, name
+    for link in re.findall(r"\]\(((?:docs|notebooks|benchmarks)/[^)#]+)", text):
+        assert (DOCS.parent / link).exists(), link
 
 
 def test_every_notebook_opens_with_the_same_guarded_install_cell():

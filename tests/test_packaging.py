@@ -1,7 +1,8 @@
 """The distribution name: `jdp` on PyPI is an unrelated project, so nothing may tell users to install it.
 
 The distribution is `jdp-privacy`; the import package and the console command stay `jdp`. Users install
-from the checkout (`pip install -e ".[extra]"`) or the repository (`jdp-privacy[extra] @ git+...`).
+from a checkout (`pip install -e ".[extra]"`), a source archive of the repository, or a wheel built by
+`make wheel` (docs/install.md).
 """
 import importlib.metadata
 import re
@@ -24,6 +25,20 @@ def _project_name() -> str:
         assert match, "pyproject.toml has no [project] name"
         return match.group(1)
     return tomllib.loads(text)["project"]["name"]
+
+
+def _project_version() -> str:
+    match = re.search(r'^\[project\][^\[]*?^version\s*=\s*"([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M | re.S)
+    assert match, "pyproject.toml has no [project] version"
+    return match.group(1)
+
+
+def test_documented_wheel_names_are_this_version():
+    # README / docs/install.md spell the wheel `make wheel` builds: its name must be the one it builds
+    found = []
+    for path in (ROOT / "README.md", ROOT / "docs" / "install.md"):
+        found += re.findall(r"jdp_privacy-([0-9][\w.]*)-py3-none-any\.whl", path.read_text())
+    assert found and set(found) == {_project_version()}, found
 
 
 def _normalise(name: str) -> str:  # PEP 503
