@@ -9,6 +9,9 @@ add/remove of one unit, composed by dp_accounting (RDP by default, PLD on reques
 
 Unit of privacy: one row of the training data (an example, or a user when each row holds one user's
 whole sequence); neighbouring relation: add/remove one such row.
+
+Many devices: `dp_sgd(..., mesh=)` splits each padded batch's rows over the mesh's data axis; every device clips
+its rows and one all-reduce adds the clipped sums before the noise is drawn once (`jdp.clipping.sharding`).
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from dp_accounting import dp_event as dpe
 from jdp import noise
 from jdp.accounting import ADD_OR_REMOVE_ONE, PrivacyReport, calibrate, compute_epsilon
 from jdp.clipping.engine import METHODS, check_batch_chunk, clipped_grad
+from jdp.clipping.sharding import DATA_AXIS, check_mesh, sharded_sums
 from jdp.validation import check_delta, check_epsilon, check_positive
 
 
@@ -172,6 +176,8 @@ class DPSGD:
     accountant: str = "rdp"
     unit: str = "example"
     batch_chunk: int | str | None = "auto"   # see `clipped_grad`
+    mesh: Any = None                          # a jax.sharding.Mesh: rows split over `data_axis` (see dp_sgd)
+    data_axis: str = DATA_AXIS
 
     @property
     def expected_batch_size(self) -> float:
@@ -219,8 +225,8 @@ class DPSGD:
         return poisson_indices(key, self.num_examples, self.sampling_rate)
 
     def _clipped(self, params: Any, batch: Any, mask: jax.Array, aux: Any = None):
-        return _clipped_sums(self.loss_fn, self.l2_clip, self.method, self.normalize, self.batch_chunk,
-                             params, batch, mask, aux)
+        return _sums_fn(self.loss_fn, self.l2_clip, self.method, self.normalize, self.batch_chunk, self.mesh,
+                        self.data_axis)(params, batch, mask, aux)
 
     def _apply(self, state: DPSGDState, grad_sum: Any) -> DPSGDState:
         tx = self.transform(jax.random.PRNGKey(0))  # the noise key lives in opt_state
@@ -251,8 +257,9 @@ class DPSGD:
         Poisson sample (`sample_indices`) is processed in several chunks, each row of the sample in exactly
         one chunk (chunks may have different shapes). Start from zeros like params; finish with `apply`.
         The sums are private diagnostics. The same function as `clipped_accumulate` of these clipping settings
-        (it does not read the noise)."""
-        return clipped_accumulate(self.loss_fn, self.l2_clip, self.method, self.normalize, self.batch_chunk)
+        (it does not read the noise). With a mesh, each chunk's rows must split evenly over its data axis."""
+        return clipped_accumulate(self.loss_fn, self.l2_clip, self.method, self.normalize, self.batch_chunk,
+                                  self.mesh, self.data_axis)
 
     @property
     def apply(self) -> Callable:
@@ -322,22 +329,32 @@ def _clipped_sums(loss_fn, l2_clip, method, normalize, batch_chunk, params, batc
     return cg.grad_sum, sums
 
 
+def _sums_fn(loss_fn, l2_clip, method, normalize, batch_chunk, mesh, data_axis) -> Callable:
+    """(params, batch, mask, aux) -> (clipped grad_sum, sums): on one device, or split over the mesh's data axis."""
+    fn = functools.partial(_clipped_sums, loss_fn, l2_clip, method, normalize, batch_chunk)
+    return fn if mesh is None else sharded_sums(fn, mesh, data_axis)
+
+
 def clipped_accumulate(loss_fn: Callable, l2_clip: float, method: str = "auto", normalize: bool = False,
-                       batch_chunk: int | str | None = "auto") -> Callable:
+                       batch_chunk: int | str | None = "auto", mesh: Any = None,
+                       data_axis: str = DATA_AXIS) -> Callable:
     """`DPSGD.accumulate` for these clipping settings (the same jitted function: equal settings share it):
     accumulate(params, grad_sum, batch, mask, aux=None) -> (grad_sum + Σ clipped grads, sums). Its program
     does not read the noise multiplier, so a caller can compile it while σ is still being calibrated.
 
     Releases nothing by itself: adding or removing one row moves the sum by at most `l2_clip` (with
     `normalize`, exactly `l2_clip` unless its gradient is zero); only `DPSGD.apply` adds the noise that the
-    report accounts."""
-    return _clipped_accumulate(loss_fn, float(l2_clip), method, bool(normalize), batch_chunk)
+    report accounts. `mesh`: see `dp_sgd`."""
+    check_mesh(mesh, data_axis)
+    return _clipped_accumulate(loss_fn, float(l2_clip), method, bool(normalize), batch_chunk, mesh, data_axis)
 
 
 @functools.lru_cache(maxsize=32)
-def _clipped_accumulate(loss_fn, l2_clip, method, normalize, batch_chunk):
+def _clipped_accumulate(loss_fn, l2_clip, method, normalize, batch_chunk, mesh, data_axis):
+    sums_fn = _sums_fn(loss_fn, l2_clip, method, normalize, batch_chunk, mesh, data_axis)
+
     def accumulate(params, grad_sum, batch, mask, aux=None):
-        g, sums = _clipped_sums(loss_fn, l2_clip, method, normalize, batch_chunk, params, batch, mask, aux)
+        g, sums = sums_fn(params, batch, mask, aux)
         return jax.tree.map(jnp.add, grad_sum, g), sums
     return jax.jit(accumulate)
 
@@ -346,12 +363,18 @@ def dp_sgd(loss_fn: Callable, optimizer: optax.GradientTransformation, *, num_ex
            batch_size: float, l2_clip: float, delta: float, epochs: float | None = None,
            steps: int | None = None, epsilon: float | None = None, noise_multiplier: float | None = None,
            method: str = "auto", normalize: bool = False, max_batch_size: int | None = None,
-           accountant: str = "rdp", unit: str = "example", batch_chunk: int | str | None = "auto") -> DPSGD:
+           accountant: str = "rdp", unit: str = "example", batch_chunk: int | str | None = "auto",
+           mesh: Any = None, data_axis: str = DATA_AXIS) -> DPSGD:
     """Builds a DPSGD helper; the noise multiplier is calibrated to (epsilon, delta) for Poisson
     sampling at rate batch_size / num_examples over the planned steps (or given explicitly).
 
     Unit of privacy: one row of the training data (`unit` names it); add/remove-one neighbours.
     `batch_chunk`: examples per pass of the clipping engine (`clipped_grad`; "auto": cache-sized chunks on CPU).
+    `mesh`: a `jax.sharding.Mesh` with axis `data_axis` (e.g. `jdp.clipping.sharding.data_mesh()`): each padded
+    batch's rows are split over that axis, each device clips its own rows (so per device `batch_chunk` applies),
+    the clipped sums are all-reduced and the noise is drawn once from the replicated key. The same mechanism and
+    report as on one device; results equal up to the float rounding of the sum's order. `max_batch_size` must be
+    a multiple of the axis' size (the default is rounded up to one).
     """
     if int(num_examples) < 1:
         raise ValueError(f"num_examples must be >= 1, got {num_examples}")
@@ -375,11 +398,15 @@ def dp_sgd(loss_fn: Callable, optimizer: optax.GradientTransformation, *, num_ex
     if epsilon is not None:
         noise_multiplier = calibrate_noise_multiplier(epsilon, delta, q, int(steps), accountant)
     check_positive(noise_multiplier, "noise_multiplier")
-    mb = default_max_batch_size(int(num_examples), q) if max_batch_size is None else int(max_batch_size)
+    check_mesh(mesh, data_axis)
+    n_dev = 1 if mesh is None else int(mesh.shape[data_axis])
+    mb = (default_max_batch_size(int(num_examples), q, multiple=math.lcm(8, n_dev)) if max_batch_size is None
+          else int(max_batch_size))
     if mb < 1:
         raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+    check_mesh(mesh, data_axis, mb)
     return DPSGD(loss_fn, optimizer, int(num_examples), q, int(steps), C, float(noise_multiplier), delta, mb,
-                 method, bool(normalize), accountant, unit, batch_chunk)
+                 method, bool(normalize), accountant, unit, batch_chunk, mesh, data_axis)
 
 
 __all__ = ["DPAggregateState", "DPSGD", "DPSGDState", "calibrate_noise_multiplier", "clipped_accumulate",
