@@ -121,6 +121,10 @@ MIN_DIRECTION_SNR = 4.0  # default_dim: below this signal-to-noise ratio of one 
 USERS_PER_BLOCK = 16384  # user solves run in blocks of this many users to bound memory (A is d×d per user)
 
 
+class _DefaultScale(tuple):
+    """AltMinConfig.rating_range left at its default (0.5, 5): a scale the data declare replaces it."""
+
+
 @dataclasses.dataclass(frozen=True)
 class AltMinConfig:
     """Hyper-parameters. `None` fields take the documented defaults in `resolve()` (and `fit()` for dim),
@@ -150,7 +154,8 @@ class AltMinConfig:
                                          # √(Σ_i w_ij² y_ij²) ≤ L (b's sensitivity Γx·L instead of Γx·√k·Γy).
                                          # Default at rank 0 (`default_label_norm`): √k·Γy/2; with factors: none
                                          # (a value ≥ √k·Γy never binds)
-    rating_range: tuple[float, float] = (0.5, 5.0)  # PUBLIC rating scale
+    rating_range: tuple[float, float] = _DefaultScale((0.5, 5.0))  # PUBLIC rating scale; default: the data's
+                                         # declared scale (Interactions.rating_range, e.g. load_movielens'), else 0.5-5
     global_mean: str | float | None = None  # μ. 'prior' (private default): the public midpoint of rating_range,
                                          # no ε spent: the user biases absorb the offset; a float: a public prior
                                          # declared by the caller; 'private': a private estimate spending
@@ -207,6 +212,12 @@ class AltMinConfig:
                                          # (Interactions.merge_duplicates) before anything private runs;
                                          # False: duplicates raise ValueError
     show_progress: bool = True
+
+    def for_data(self, data: Interactions) -> "AltMinConfig":
+        """This config for `data`: a rating_range left at its default becomes the scale the data declare."""
+        if isinstance(self.rating_range, _DefaultScale) and getattr(data, "rating_range", None) is not None:
+            return dataclasses.replace(self, rating_range=tuple(data.rating_range))
+        return self
 
     @property
     def parsed_method(self) -> Method:
@@ -360,6 +371,7 @@ class AltMinModel:
 def zero_cost_model(train: Interactions, cfg: AltMinConfig) -> AltMinModel:
     """The model every user gets for free: the public prior μ plus the user's own bias, solved on the user's
     side; nothing is released (empty report, ε = 0). A private model should never do worse."""
+    cfg = cfg.for_data(train)
     prior = cfg.global_mean if not isinstance(cfg.global_mean, (str, type(None))) else "prior"  # a declared prior
     # the user-side defaults only: same baseline for every config. With no released item biases the user's scale
     # column is zero, a_j = 1 and b_j is the plain ridge bias; kept so that the solve shares the compiled program
@@ -932,6 +944,7 @@ def fit(train: Interactions, cfg: AltMinConfig, seed: int | None = None, *, tune
     `seed` seeds every noise draw; None (the default) draws fresh OS entropy, recorded in `model.seed`.
     Pass a seed only to reproduce an experiment: whoever knows it can subtract the noise.
     """
+    cfg = cfg.for_data(train)
     cfg.resolve()  # validate early
     if tune is not None:
         return _fit_tuned(train, cfg, seed, tune, valid)

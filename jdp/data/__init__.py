@@ -7,11 +7,12 @@ of the "one observation per (user, item)" assumption of the user-level private r
 """
 from jdp.data.download import fetch
 from jdp.data.interactions import Interactions, check_unique_pairs, concat, duplicate_pairs
-from jdp.data.movielens import load_ml100k, load_movielens, load_movielens_items
+from jdp.data.movielens import RatingScale, load_ml100k, load_movielens, load_movielens_items, movielens_scale
 from jdp.data.splits import fold_in_split, split_ratings, split_ratings_by_pair_hash
 from jdp.data.synthetic import SyntheticTasks, appendix_c, planted_movielens, planted_powerlaw
 
 __all__ = [
-    "fetch", "Interactions", "check_unique_pairs", "concat", "duplicate_pairs", "load_movielens", "load_movielens_items", "load_ml100k", "split_ratings", "split_ratings_by_pair_hash", "fold_in_split",
+    "fetch", "Interactions", "check_unique_pairs", "concat", "duplicate_pairs", "load_movielens", "load_movielens_items", "load_ml100k",
+    "movielens_scale", "RatingScale", "split_ratings", "split_ratings_by_pair_hash", "fold_in_split",
     "SyntheticTasks", "appendix_c", "planted_movielens", "planted_powerlaw",
 ]

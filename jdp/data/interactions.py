@@ -59,6 +59,10 @@ class Interactions:
       rating:    float32 [nnz], finite (1.0 for implicit feedback)
       n_users, n_items: sizes of the id spaces (ids need not all occur)
       timestamp: int64 [nnz] or None
+      rating_range: (lo, hi), the PUBLIC rating scale the ratings were given on, or None (undeclared).
+                 Declared by whoever builds the object (`load_movielens` sets it from the published
+                 release's format); every rating must lie in it. `jdp.altmin` uses it as its rating
+                 scale unless the config declares one (`AltMinConfig.rating_range`).
 
     Invalid input raises ValueError naming the field. Arrays are stored as read-only views.
 
@@ -84,6 +88,7 @@ class Interactions:
     n_users: int
     n_items: int
     timestamp: np.ndarray | None = None
+    rating_range: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         n_users = _check_size("n_users", self.n_users)
@@ -112,12 +117,14 @@ class Interactions:
             if timestamp.size and not np.issubdtype(timestamp.dtype, np.integer):
                 raise ValueError(f"timestamp must have an integer dtype, got {timestamp.dtype}")
             timestamp = _readonly(timestamp.astype(np.int64, copy=False))
+        scale = _check_rating_range(self.rating_range, rating)
         object.__setattr__(self, "n_users", n_users)
         object.__setattr__(self, "n_items", n_items)
         object.__setattr__(self, "user", user)
         object.__setattr__(self, "item", item)
         object.__setattr__(self, "rating", _readonly(rating))
         object.__setattr__(self, "timestamp", timestamp)
+        object.__setattr__(self, "rating_range", scale)
 
     @property
     def nnz(self) -> int:
@@ -129,7 +136,8 @@ class Interactions:
 
     def __repr__(self) -> str:
         ts = "yes" if self.timestamp is not None else "no"
-        return f"Interactions(n_users={self.n_users}, n_items={self.n_items}, nnz={self.nnz}, timestamp={ts})"
+        scale = "" if self.rating_range is None else f", rating_range={self.rating_range}"
+        return f"Interactions(n_users={self.n_users}, n_items={self.n_items}, nnz={self.nnz}, timestamp={ts}{scale})"
 
     def subset(self, mask_or_index) -> "Interactions":
         """Observations selected by a bool mask [nnz] or an integer index array; same n_users/n_items."""
@@ -144,7 +152,8 @@ class Interactions:
         else:
             raise ValueError(f"mask_or_index must be a bool mask or integer indices, got dtype {sel.dtype}")
         ts = None if self.timestamp is None else self.timestamp[sel]
-        return Interactions(self.user[sel], self.item[sel], self.rating[sel], self.n_users, self.n_items, ts)
+        return Interactions(self.user[sel], self.item[sel], self.rating[sel], self.n_users, self.n_items, ts,
+                            self.rating_range)
 
     def item_counts(self) -> np.ndarray:
         """EXACT observations per item, int64 [n_items]. Non-private: evaluation / baselines only."""
@@ -198,14 +207,31 @@ class Interactions:
             ts = np.maximum.reduceat(self.timestamp[order], start)[keep]
         pairs = sk[start][keep]
         return Interactions((pairs // span).astype(np.int32), (pairs % span).astype(np.int32),
-                            mean[keep].astype(np.float32), self.n_users, self.n_items, ts)
+                            mean[keep].astype(np.float32), self.n_users, self.n_items, ts, self.rating_range)
 
     def binarize(self, threshold: float = 4.0) -> "Interactions":
-        """Implicit feedback: keep observations with rating >= threshold, each with rating 1."""
+        """Implicit feedback: keep observations with rating >= threshold, each with rating 1 (no rating scale)."""
         if not np.isfinite(threshold):
             raise ValueError(f"threshold must be finite, got {threshold}")
         out = self.subset(self.rating >= threshold)
-        return dataclasses.replace(out, rating=np.ones(out.nnz, dtype=np.float32))
+        return dataclasses.replace(out, rating=np.ones(out.nnz, dtype=np.float32), rating_range=None)
+
+
+def _check_rating_range(rating_range, rating: np.ndarray) -> tuple[float, float] | None:
+    """The declared scale as a (lo, hi) tuple of floats; ValueError if it is malformed or a rating lies outside."""
+    if rating_range is None:
+        return None
+    try:
+        lo, hi = (float(v) for v in rating_range)
+    except (TypeError, ValueError):
+        raise ValueError(f"rating_range must be None or a pair (lo, hi) of numbers, got {rating_range!r}") from None
+    if not (np.isfinite(lo) and np.isfinite(hi) and lo < hi):
+        raise ValueError(f"rating_range must be finite with lo < hi, got {rating_range!r}")
+    outside = (rating < lo) | (rating > hi)
+    if outside.any():
+        raise ValueError(f"rating_range: {int(outside.sum())} ratings lie outside the declared scale [{lo:g}, {hi:g}], "
+                         f"e.g. {float(rating[np.argmax(outside)]):g}; declare the scale the ratings were given on")
+    return lo, hi
 
 
 def _pair_keys(user, item) -> tuple[np.ndarray, int]:
@@ -278,7 +304,10 @@ def concat(parts: Sequence[Interactions]) -> Interactions:
         if (p.n_users, p.n_items) != (n_users, n_items):
             raise ValueError(f"parts must share n_users/n_items, got ({p.n_users}, {p.n_items}) "
                              f"vs ({n_users}, {n_items})")
+    scales = {p.rating_range for p in parts}
+    if len(scales) > 1:
+        raise ValueError(f"parts must share rating_range, got {sorted(scales, key=str)}")
     has_ts = [p.timestamp is not None for p in parts]
     ts = np.concatenate([p.timestamp for p in parts]) if all(has_ts) else None
     return Interactions(np.concatenate([p.user for p in parts]), np.concatenate([p.item for p in parts]),
-                        np.concatenate([p.rating for p in parts]), n_users, n_items, ts)
+                        np.concatenate([p.rating for p in parts]), n_users, n_items, ts, scales.pop())

@@ -118,7 +118,8 @@ def split_ratings_by_pair_hash(data: Interactions, valid_fraction: float = 0.1,
 def _remap_users(part: Interactions, user_ids: np.ndarray, item_map: np.ndarray, n_items: int) -> Interactions:
     """Re-indexes `part` (already restricted to users in sorted `user_ids`) to users 0..len-1, items via map."""
     user = np.searchsorted(user_ids, part.user).astype(np.int32)
-    return Interactions(user, item_map[part.item], part.rating, int(user_ids.size), n_items, part.timestamp)
+    return Interactions(user, item_map[part.item], part.rating, int(user_ids.size), n_items, part.timestamp,
+                        part.rating_range)
 
 
 def fold_in_split(data: Interactions, n_heldout_users: int, min_items: int = 5, history_frac: float = 0.8,
