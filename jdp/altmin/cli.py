@@ -8,71 +8,87 @@ import pathlib
 from jdp.altmin.model import METHODS, AltMinConfig, Method
 from jdp.cli import add_data_dir_arguments, add_seed_arguments, noise_seed, result_json
 
-# Public rating scales of the named MovieLens datasets (downloaded by jdp.data.fetch); --data movielens
-# (any file) assumes the half-star scale of the newer releases.
-RATING_RANGES = {"ml-100k": (1.0, 5.0), "ml-1m": (1.0, 5.0), "ml-10m": (0.5, 5.0), "ml-20m": (0.5, 5.0),
-                 "ml-latest-small": (0.5, 5.0)}
+# The named MovieLens datasets jdp.data.fetch downloads; their public rating scales are the published
+# releases' (jdp.data.movielens.RELEASES): 1-5 in whole stars for ml-100k / ml-1m, 0.5-5 in half stars after.
+MOVIELENS_DATASETS = ("ml-100k", "ml-1m", "ml-10m", "ml-20m", "ml-latest-small")
+GENERATED = ("synthetic", "synthetic-movielens")
 
 
-def load_data(name: str, path: str | None, data_seed: int = 0, n_users: int = 20_000, n_items: int = 2_000,
+def load_data(name: str | None, path: str | None, data_seed: int = 0, n_users: int = 20_000, n_items: int = 2_000,
               nnz: int = 1_000_000, *, public_users: int | None = None, item_catalogue: str | None = None,
               data_dir: str | None = None, sha256: str | None = None, progress: bool = True,
               rating_range: tuple[float, float] | None = None):
     """`synthetic` (planted low-rank, Zipf popularity), `synthetic-movielens` (planted, calibrated to
-    MovieLens: log-normal marginals, item / user biases), a named MovieLens dataset (`RATING_RANGES`:
+    MovieLens: log-normal marginals, item / user biases), a named MovieLens dataset (`MOVIELENS_DATASETS`:
     read from `path` if given, else downloaded on first use by `jdp.data.fetch` into `data_dir`), or
-    `movielens` (any standard file at `path`).
+    `movielens` (any standard file at `path`). `name` None: `movielens` when a `path` is given (the file's
+    format tells; anything else is refused), else `synthetic`. A given input is never ignored: a `path`, a
+    user bound, a catalogue or a hash with generated data is refused, as is a hash with a `path`.
 
     Generated data have declared sizes (n_users, n_items). For MovieLens files the item catalogue is
     `item_catalogue` (u.item / movies.dat / movies.csv or its folder), else an item file next to the
     ratings when there is one, else the rated items (data-dependent); the user bound is
     `public_users`, else the users in the file (data-dependent). The rating scale is public: `rating_range`
-    when declared, else the named dataset's, else the file format's (u.data: 1–5, the ML-100K format; other
-    formats: the half-star scale 0.5–5, a superset of 1M's 1–5). Returns (data, rating range, notes),
-    notes saying which sizes were NOT declared (added to the report's assumptions).
+    when declared, else the named release's, else the file format's (`jdp.data.movielens_scale`: u.data and
+    ML-1M's ratings.dat 1-5 in whole stars, ML-10M's ratings.dat and ratings.csv 0.5-5 in half stars, a lone
+    ratings.dat their superset 0.5-5, said in a note); never the ratings' values or the file's name, and
+    ratings off the scale are refused. Returns (data, rating range, notes): the notes say which scale was
+    used and which sizes were NOT declared (added to the report's assumptions).
     """
-    from jdp.data import fetch, load_movielens, load_movielens_items, planted_movielens, planted_powerlaw
-    if name in ("synthetic", "synthetic-movielens"):
+    from jdp.data import fetch, load_movielens, load_movielens_items, movielens_scale, planted_movielens, planted_powerlaw
+    if name is None:
+        name = "movielens" if path else "synthetic"
+    if name in GENERATED:
+        given = [flag for flag, value in (("--data-path", path), ("--n-users", public_users),
+                                          ("--item-catalogue", item_catalogue), ("--data-sha256", sha256)) if value]
+        if given:
+            raise ValueError(f"--data {name} generates its ratings (sizes from --synthetic-size) and reads no file, "
+                             f"so {' and '.join(given)} would be ignored: drop {'them' if len(given) > 1 else 'it'}, or "
+                             f"read your file with --data movielens --data-path FILE (or a named ml-* dataset)")
         generate = planted_powerlaw if name == "synthetic" else planted_movielens
-        return generate(seed=data_seed, n_users=n_users, n_items=n_items, nnz=nnz).data, (0.5, 5.0), []
-    if name in RATING_RANGES:
+        scale = tuple(rating_range) if rating_range else (0.5, 5.0)  # the generators' scale, unless declared
+        return generate(seed=data_seed, n_users=n_users, n_items=n_items, nnz=nnz).data, scale, []
+    if path and sha256:
+        raise ValueError(f"--data-sha256 checks a download, but --data-path {path} downloads nothing: drop one of them")
+    if name in MOVIELENS_DATASETS:
         if not path and name == "ml-100k":
             path = os.environ.get("JDP_ML100K")  # older name of --data-path for ML-100K, still honoured
         if not path:
             path = str(fetch(name, data_dir, progress, sha256=sha256))
-        rating_range = rating_range or RATING_RANGES[name]
+        scale = movielens_scale(path, release=name, rating_range=rating_range)
     elif name == "movielens":
         if not path:
             raise ValueError("--data movielens needs --data-path (u.data, ratings.dat, ratings.csv or their folder)")
-        p = pathlib.Path(path)
-        is_u_data = p.name == "u.data" or (p.is_dir() and (p / "u.data").is_file())
-        rating_range = rating_range or ((1.0, 5.0) if is_u_data else (0.5, 5.0))
+        scale = movielens_scale(path, rating_range=rating_range)
     else:
         raise ValueError(f"unknown --data {name!r}")
+    notes = [f"rating scale: {scale.describe()}" + (" (--rating-range)" if rating_range else "")]
+    if scale.note:
+        notes.append(scale.note)
     folder = pathlib.Path(path) if pathlib.Path(path).is_dir() else pathlib.Path(path).parent
     if item_catalogue is None and any((folder / f).is_file() for f in ("u.item", "movies.dat", "movies.csv")):
         item_catalogue = str(folder)
-    notes = []
     if item_catalogue is None:
         notes.append("n_items = the items rated in the file (data-dependent; pass --item-catalogue for a release)")
     if public_users is None:
         notes.append("n_users = the users in the file (data-dependent; pass --n-users for a release)")
     items = None if item_catalogue is None else load_movielens_items(item_catalogue)
-    return load_movielens(path, n_users=public_users, item_ids=items), rating_range, notes
+    return load_movielens(path, n_users=public_users, item_ids=items, rating_range=scale), scale.range, notes
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("altmin", help="DP alternating minimization (DPALS / AdaDPALS / DPSGD ...)",
                        description="Train a user-level DP matrix-factorization recommender and report RMSE, "
                                    "per-popularity-bucket RMSE and the privacy report.")
-    p.add_argument("--data", choices=["synthetic", "synthetic-movielens", *RATING_RANGES, "movielens"],
-                   default="synthetic",
+    p.add_argument("--data", choices=[*GENERATED, *MOVIELENS_DATASETS, "movielens"], default=None,
                    help="synthetic: planted, Zipf popularity; synthetic-movielens: planted, MovieLens-calibrated; "
                         "ml-*: the GroupLens dataset, downloaded on first use (see --data-dir); movielens: any "
-                        "MovieLens ratings file given by --data-path")
+                        "MovieLens ratings file given by --data-path. Default: movielens with --data-path, else "
+                        "synthetic")
     p.add_argument("--data-path", default=None,
-                   help="ratings file or folder (u.data, ratings.dat, ratings.csv); for ml-* it replaces the "
-                        "download")
+                   help="MovieLens ratings file or folder (u.data, ratings.dat, ratings.csv, as published); for ml-* "
+                        "it replaces the download; refused with generated data. The format (and rating scale) is read "
+                        "from the file")
     add_data_dir_arguments(p)
     p.add_argument("--method", choices=METHODS, default="ada-dpals")
     p.add_argument("--epsilon", type=float, default=1.0, help="total ε (ignored for the non-private 'als')")
@@ -98,7 +114,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="MovieLens: public bound on the number of users (default: the users in the file, "
                         "data-dependent)")
     p.add_argument("--rating-range", type=float, nargs=2, default=None, metavar=("LO", "HI"),
-                   help="the public rating scale (default: the dataset's, e.g. 1 5 for ml-100k / ml-1m)")
+                   help="the public rating scale (default: the published release's, from the file's format: 1 5 for "
+                        "u.data and ML-1M, 0.5 5 for ML-10M and ratings.csv)")
     p.add_argument("--item-catalogue", default=None,
                    help="MovieLens: public item catalogue (u.item, movies.dat, movies.csv or their folder; "
                         "default: one next to the ratings, else the rated items, data-dependent)")
@@ -126,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--tune private tunes a private method; 'als' is the non-private reference")
     row = rating_experiment(data, cfg, seed=noise_seed(args), split_seed=args.data_seed,
                             tune=None if args.tune == "none" else args.tune)
-    row["data"] = args.data
+    row["data"] = args.data or ("movielens" if args.data_path else "synthetic")
     row["privacy"]["assumptions"] += notes
     for note in notes:
         print(f"note: {note}")

@@ -38,7 +38,7 @@ def register(subparsers) -> None:
                    help="a published dataset (downloaded on first use, see --data-dir) or 'synthetic' "
                         "(jdp.data.synthetic.planted_sequences with --data-seed: no download)")
     p.add_argument("--data-path", default=None, help="file (Video.txt / u.data / ratings.dat) or its folder; "
-                   "replaces the download")
+                   "replaces the download; must be in the named dataset's format; refused with --data synthetic")
     add_data_dir_arguments(p)
     p.add_argument("--model", default="dpformer", choices=[*MODELS, "transitions"],
                    help="a network trained by DP-SGD, or 'transitions': item-to-item transitions from ONE release "
@@ -181,6 +181,14 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--model transitions needs --k (the number of candidate items, a public choice)")
         if args.mask_history or args.checkpoint or args.resume:
             raise ValueError("--mask-history, --checkpoint and --resume do not apply to --model transitions")
+    # a given data input is never ignored (the rule of `jdp altmin` too): refused where it does not apply
+    if args.data == "synthetic" and (args.data_path or args.data_sha256):
+        given = " and ".join(f for f, v in (("--data-path", args.data_path), ("--data-sha256", args.data_sha256)) if v)
+        raise ValueError(f"--data synthetic generates its sequences and reads no file, so {given} would be ignored: "
+                         f"drop it, or name the dataset your file holds (--data amazon-games / ml-100k / ml-1m)")
+    if args.data_path and args.data_sha256:
+        raise ValueError(f"--data-sha256 checks a download, but --data-path {args.data_path} downloads nothing: "
+                         "drop one of them")
     if args.data == "synthetic" and args.epochs is None and args.model != "transitions":
         quick_compile_flags()
     t0 = time.perf_counter()

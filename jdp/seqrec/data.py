@@ -7,10 +7,13 @@ left-padding to `maxlen` keeping the most recent items. One sequence per user, s
 these sequences is user-level.
 
 Readers:
-- `read_sasrec(path)`: lines "user item" already in time order (e.g. the Amazon Games `Video.txt`).
-- `read_ratings(path)`: MovieLens rating files, `u.data` (tab separated: user item rating timestamp)
-  or ML-1M `ratings.dat` (`user::item::rating::timestamp`); every rating is an implicit interaction,
-  ordered by timestamp (ties keep file order). Optional SASRec-style one-pass filter on raw counts.
+- `read_sasrec(path)`: lines "user item" already in time order (e.g. the Amazon Games `Video.txt`); any
+  other layout (a MovieLens file's four fields, '::' or ',' separators) is refused.
+- `read_ratings(path)`: MovieLens rating files as published (`jdp.data.movielens`): `u.data` (tab separated:
+  user item rating timestamp), `ratings.dat` (`user::item::rating::timestamp`) or `ratings.csv` (with its
+  header); every rating is an implicit interaction, ordered by timestamp (ties keep file order). Optional
+  SASRec-style one-pass filter on raw counts. Any other file is refused.
+`load(name, path)` checks that the file is in the named dataset's format before reading it.
 
 Item vocabulary (which items exist and their ids) — chosen by `vocabulary`, recorded in the SeqData and
 carried into the training PrivacyReport:
@@ -69,24 +72,36 @@ class SeqData:
         return int(self.train_input.shape[0])
 
 
-def _read_ints(path: str | pathlib.Path, n_cols: int) -> np.ndarray:
+SASREC_FORMAT = "the SASRec / Amazon Video.txt format ('user item', one interaction per line, in time order)"
+
+
+def _read_pairs(path: str | pathlib.Path) -> np.ndarray:
+    """[n, 2] int64 (user, item) rows of a SASRec-format file; ValueError naming the format and the first line
+    that does not follow it (e.g. a MovieLens file: 4 fields, or '::'-separated)."""
     path = pathlib.Path(path)
     if not path.exists():
         raise ValueError(f"data_path does not exist: {path}")
-    text = path.read_text().replace("::", " ")
-    try:
-        vals = np.array(text.split(), dtype=np.int64)
-    except ValueError:
-        vals = None
-    if vals is None or vals.size % n_cols:
-        for lineno, line in enumerate(text.splitlines(), 1):   # name the first bad line
+    text = path.read_text(encoding="utf-8", errors="replace")
+    tokens = text.split()
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    vals = None
+    if len(tokens) == 2 * len(lines):  # every line holds two fields (checked below if any is not an integer)
+        try:
+            vals = np.array(tokens, dtype=np.int64)
+        except ValueError:
+            pass
+    if vals is None:
+        for lineno, line in enumerate(text.splitlines(), 1):  # name the first bad line
             fields = line.split()
-            if fields and (len(fields) != n_cols or not all(f.lstrip("-").isdigit() for f in fields)):
-                raise ValueError(f"{path}:{lineno}: expected {n_cols} integers per line, got {line.strip()!r}")
-        raise ValueError(f"data_path {path}: expected {n_cols} integer columns per line")
-    if vals.size == 0:
+            if fields and (len(fields) != 2 or not all(f.isdigit() for f in fields)):
+                movielens = len(fields) == 4 or "::" in line or line.count(",") == 3
+                hint = (": it looks like a MovieLens ratings file (--data ml-100k / ml-1m, "
+                        "jdp.seqrec.data.read_ratings)" if movielens else "")
+                raise ValueError(f"{path}:{lineno}: expected 2 integers per line, {SASREC_FORMAT}{hint}; "
+                                 f"got {line.strip()[:80]!r}")
+    if vals is None or vals.size == 0:
         raise ValueError(f"data_path is empty: {path}")
-    return vals.reshape(-1, n_cols)
+    return vals.reshape(-1, 2)
 
 
 def _group(users: np.ndarray, items: np.ndarray) -> list[np.ndarray]:
@@ -196,14 +211,14 @@ def read_sasrec(path: str | pathlib.Path, *, vocabulary: str = "sasrec-exact", i
                 report: accounting.PrivacyReport | None = None) -> tuple[list[np.ndarray], int]:
     """Reads "user item" lines in time order -> (per-user item sequences, n_items); ids re-indexed 1..M.
 
+    Any other file (a MovieLens ratings file, a csv) is refused with a ValueError naming the expected format.
+
     vocabulary: see the module doc ("sasrec-exact": the items present in the file, in order of first
     appearance — the published files were already filtered by their authors with exact counts).
     `report` receives the vocabulary's release / assumption.
     """
     _check_vocabulary(vocabulary)
-    arr = _read_ints(path, 2)
-    if (arr < 0).any():
-        raise ValueError("data_path contains negative ids")
+    arr = _read_pairs(path)
     seqs = _group(arr[:, 0], arr[:, 1])
     return _vocab(seqs, vocabulary, item_catalogue, min_item_count, max_items_per_user, vocab_noise_multiplier,
                   key, report)
@@ -213,7 +228,8 @@ def read_ratings(path: str | pathlib.Path, min_user_count: int = 5, min_item_cou
                  vocabulary: str = "sasrec-exact", item_catalogue=None, max_items_per_user: int | None = None,
                  vocab_noise_multiplier: float = 10.0, key=None,
                  report: accounting.PrivacyReport | None = None) -> tuple[list[np.ndarray], int]:
-    """Reads a MovieLens rating file (u.data or ratings.dat) -> chronological sequences, n_items.
+    """Reads a MovieLens ratings file (u.data, ratings.dat or ratings.csv, as published, or its folder) ->
+    chronological sequences, n_items. Any other file is refused with a ValueError naming the formats.
 
     Drops users with fewer than min_user_count raw ratings (their own data only) and sorts each user's
     items by timestamp (stable). vocabulary="sasrec-exact" (SASRec's one-pass filter, NOT private) also
@@ -221,9 +237,11 @@ def read_ratings(path: str | pathlib.Path, min_user_count: int = 5, min_item_cou
     appearance; "public" / "private" build the vocabulary from `item_catalogue` instead (module doc;
     the private threshold counts distinct users per item). `report` receives the release / assumption.
     """
+    from jdp.data.movielens import read_ratings_table
     _check_vocabulary(vocabulary)
-    arr = _read_ints(path, 4)
-    users, items, ts = arr[:, 0], arr[:, 1], arr[:, 3]
+    _, _, table = read_ratings_table(path)
+    users, items, ts = (table[c].to_numpy(np.int64) for c in ("user", "item", "timestamp"))
+    raw_users = users
     uc = np.unique(users, return_counts=True)
     keep = np.isin(users, uc[0][uc[1] >= min_user_count])
     if vocabulary == "sasrec-exact":
@@ -237,7 +255,7 @@ def read_ratings(path: str | pathlib.Path, min_user_count: int = 5, min_item_cou
     starts = np.flatnonzero(np.r_[True, users[1:] != users[:-1]])
     seqs = np.split(items, starts[1:])
     # Users in order of first appearance in the file.
-    uniq, first = np.unique(arr[keep][:, 0], return_index=True)
+    uniq, first = np.unique(raw_users[keep], return_index=True)
     seqs = [seqs[i] for i in np.argsort(first, kind="stable")]
     return _vocab(seqs, vocabulary, item_catalogue, min_item_count, max_items_per_user, vocab_noise_multiplier,
                   key, report)
@@ -288,7 +306,8 @@ def load(name: str, path: str | pathlib.Path | None = None, maxlen: int | None =
          item_catalogue=None, min_item_count: float = 5.0, vocab_noise_multiplier: float = 10.0,
          key=None, delta: float = 1e-5, data_seed: int = 0) -> SeqData:
     """Loads 'amazon-games' (SASRec file), 'ml-100k' (u.data), 'ml-1m' (ratings.dat) or 'synthetic'
-    (`jdp.data.synthetic.planted_sequences(seed=data_seed)`, no file) and splits it.
+    (`jdp.data.synthetic.planted_sequences(seed=data_seed)`, no file: a `path` is refused) and splits it.
+    A file not in the named dataset's format is refused before anything else is done (ValueError naming it).
 
     The file is `path` (or `path/<file>` for a folder), else `datasets_dir/<name>/<file>`;
     `jdp.data.fetch(name)` downloads it: `load("ml-1m", path=fetch("ml-1m"))`. maxlen defaults to 50 for Amazon, 200 for
@@ -299,6 +318,10 @@ def load(name: str, path: str | pathlib.Path | None = None, maxlen: int | None =
     """
     if name not in FILES and name != "synthetic":
         raise ValueError(f"data must be one of {sorted([*FILES, 'synthetic'])}, got {name!r}")
+    if name == "synthetic" and path is not None:
+        raise ValueError(f"path: 'synthetic' generates its sequences (planted_sequences) and reads no file, so "
+                         f"{path} would be ignored: drop it, or name the dataset the file holds "
+                         f"({', '.join(FILES)})")
     _check_vocabulary(vocabulary)
     if path is None and name != "synthetic":
         if datasets_dir is None:
@@ -306,6 +329,9 @@ def load(name: str, path: str | pathlib.Path | None = None, maxlen: int | None =
         path = pathlib.Path(datasets_dir) / name / FILES[name]
     if path is not None and pathlib.Path(path).is_dir():  # a dataset folder, e.g. jdp.data.fetch("ml-1m")
         path = pathlib.Path(path) / FILES[name]
+    if name in ("ml-100k", "ml-1m") and pathlib.Path(path).is_file():  # the named release's format, else refused
+        from jdp.data.movielens import movielens_scale
+        movielens_scale(path, release=name)
     if maxlen is None:
         maxlen = (MOVIELENS_MAXLEN if name in ("ml-100k", "ml-1m") else SYNTHETIC_MAXLEN if name == "synthetic"
                   else AMAZON_MAXLEN)
