@@ -3,14 +3,17 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import copy
 import importlib
 import importlib.util
 import json
+import math
 import os
 import pathlib
 import sys
+import tempfile
 import threading
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import jdp
 from jdp.hostmem import reuse_freed_memory_if_requested
@@ -37,9 +40,67 @@ PRIVACY_SCOPE = ("epsilon covers the releases listed under 'privacy' and what is
                  "regenerates the privacy noise: keep it secret.")
 
 
-def result_json(payload: dict, default=float) -> str:
-    """The JSON text of a command's result, with `privacy_scope` (`PRIVACY_SCOPE`) beside the payload."""
-    return json.dumps({**payload, "privacy_scope": PRIVACY_SCOPE}, indent=2, default=default)
+def json_safe(value: Any) -> Any:
+    """`value` as plain JSON data: every non-finite float (NaN, +-inf) becomes None (JSON null), numpy / JAX
+    scalars and arrays become Python numbers and lists, tuples become lists. Strict parsers (JavaScript's
+    JSON.parse, `json.loads(..., parse_constant=...)`) reject the `NaN` / `Infinity` tokens Python would write."""
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, (str, bool, int)) or value is None:
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if hasattr(value, "tolist"):  # numpy / JAX arrays and scalars
+        return json_safe(value.tolist())
+    try:
+        return json_safe(float(value))
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def to_json(payload: Any) -> str:
+    """Strict JSON text of `payload` (`json_safe`: NaN / inf written as null; never the `NaN` / `Infinity` tokens)."""
+    return json.dumps(json_safe(payload), indent=2, allow_nan=False)
+
+
+def result_json(payload: dict, default=None) -> str:
+    """The JSON text of a command's result, with `privacy_scope` (`PRIVACY_SCOPE`) beside the payload. Strict
+    JSON (`to_json`): a non-finite number (an undefined metric, an infinite epsilon) is written as null.
+    `default` is accepted for compatibility and ignored."""
+    return to_json({**payload, "privacy_scope": PRIVACY_SCOPE})
+
+
+def write_result(path, payload: dict) -> str:
+    """Writes the result JSON (`result_json`) to `path`; returns the line a command prints about it."""
+    pathlib.Path(path).write_text(result_json(payload) + "\n")
+    return f"wrote {path} (the full result as JSON)"
+
+
+def privacy_lines(privacy: dict | None) -> list[str]:
+    """The printed privacy report of a command, from `PrivacyReport.to_dict()` (the layout of
+    `str(PrivacyReport)`): unit and relation, one line per release, the total epsilon, the assumptions."""
+    if not privacy or privacy.get("non_private"):
+        return ["privacy: NONE (the non-private reference: no noise, no guarantee)"]
+    lines = [f"PrivacyReport: unit={privacy.get('unit')} ({privacy.get('relation_text', '')}), "
+             f"delta={privacy.get('delta'):g}"]
+    for r in privacy.get("releases") or []:
+        sens = "-" if r.get("sensitivity") is None else f"{r['sensitivity']:.4g}"
+        noise = "-" if r.get("noise_scale") is None else f"{r['noise_scale']:.4g}"
+        kind = str(r.get("event", "")).split("(", 1)[0]
+        lines.append(f"  {r['name']:<32} x{r.get('count', 1):<4} sens={sens:<10} noise={noise:<10} {kind}")
+    eps = privacy.get("epsilon")
+    lines.append("  total epsilon = " + ("not finite" if eps is None or not math.isfinite(eps) else f"{eps:.4f}"))
+    for rel, e in (privacy.get("epsilon_by_relation") or {}).items():
+        lines.append(f"  epsilon under {rel}: " + ("not defined" if e is None else f"{e:.4f}"))
+    lines += [f"  assumes: {a}" for a in privacy.get("assumptions") or []]
+    return lines
+
+
+def no_out_hint(args: argparse.Namespace) -> list[str]:
+    """The closing line of a summary without `--out`: where the full result would go."""
+    return [] if getattr(args, "out", None) else ["(--out FILE writes the full result as JSON)"]
 
 
 def add_seed_arguments(parser: argparse.ArgumentParser, data_seed: bool = True) -> None:
@@ -71,9 +132,123 @@ def noise_seed(args: argparse.Namespace) -> int:
     return seed
 
 
+def _shows_default(action: argparse.Action) -> bool:
+    return bool(action.option_strings) and action.default not in (None, False, argparse.SUPPRESS) \
+        and action.help is not argparse.SUPPRESS
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, "(default: ...)", unless it has none (None / a flag) or
+    its text already states it; options without a help text get one that gives the default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = (action.help or "").strip()
+        if _shows_default(action) and "%(default)" not in text and "(default" not in text:
+            text = f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
+        return text
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if not action.help and _shows_default(action):
+            action = copy.copy(action)
+            action.help = "(default: %(default)s)"
+        return super()._format_action(action)
+
+
+class RawDescriptionHelpFormatter(HelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """`HelpFormatter` keeping the description's own line breaks (module docstrings with examples)."""
+
+
+def use_default_showing_help(parser: argparse.ArgumentParser) -> None:
+    """Gives `parser` and every subcommand parser under it `HelpFormatter` (keeping a raw description raw)."""
+    raw = issubclass(parser.formatter_class, argparse.RawDescriptionHelpFormatter)
+    parser.formatter_class = RawDescriptionHelpFormatter if raw else HelpFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in set(action.choices.values()):
+                use_default_showing_help(child)
+
+
+def deepest_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub)parser of the command `args` ran, e.g. `jdp select run`'s: its usage line names the command."""
+    while True:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        name = getattr(args, subs[0].dest, None) if subs else None
+        if not subs or name not in subs[0].choices:
+            return parser
+        parser = subs[0].choices[name]
+
+
+def move_to_group(parser: argparse.ArgumentParser, title: str, dests: list[str]) -> None:
+    """Shows the options `dests` (already added to `parser`) under the help heading `title` (created if new)."""
+    group = next((g for g in parser._action_groups if g.title == title), None) or parser.add_argument_group(title)
+    for action in list(parser._actions):
+        if action.dest in dests:
+            for g in parser._action_groups:
+                if action in g._group_actions and g is not group:
+                    g._group_actions.remove(action)
+            if action not in group._group_actions:
+                group._group_actions.append(action)
+
+
+IMAGE_SUFFIXES_HINT = ".png, .pdf or .svg"
+
+
+def check_output_path(path, flag: str) -> pathlib.Path:
+    """Refuses, before any work, an output file that could not be written: a folder, a missing folder, a
+    folder or file without write permission. Creates nothing (a probe file is made and removed)."""
+    p = pathlib.Path(path)
+    if p.is_dir():
+        raise ValueError(f"{flag}: {path} is a directory; give a file name in it, e.g. {p / 'run.json'}")
+    folder = p.parent
+    if not folder.is_dir():
+        raise ValueError(f"{flag}: the directory {folder} does not exist (nothing was run): create it first "
+                         f"(mkdir -p {folder}) or choose another path")
+    try:
+        if p.exists():
+            with open(p, "a"):
+                pass
+        else:
+            with tempfile.NamedTemporaryFile(dir=folder, prefix=".jdp-write-check-"):
+                pass
+    except OSError as err:
+        raise ValueError(f"{flag}: cannot write {path} ({err.strerror or err}); nothing was run: choose a "
+                         "writable location") from None
+    return p
+
+
+def check_plot_path(path, flag: str = "--plot") -> None:
+    """Refuses, before any work, a plot that could not be drawn: no matplotlib, or a file suffix matplotlib
+    cannot write (a missing suffix would make it append one: the file would not be the one asked for)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ValueError(f"{flag} needs matplotlib, which is not installed (nothing was run): pip install matplotlib "
+                         "(in a checkout: pip install -e '.[plots]'), or leave out --plot") from None
+    from matplotlib.backend_bases import FigureCanvasBase
+    suffix = pathlib.Path(path).suffix.lower().lstrip(".")
+    supported = FigureCanvasBase.get_supported_filetypes()
+    if suffix not in supported:
+        raise ValueError(f"{flag}: {path} has {'no suffix' if not suffix else f'the suffix .{suffix}'}, not an image "
+                         f"format matplotlib writes; use {IMAGE_SUFFIXES_HINT} (or {', '.join(sorted(supported))})")
+
+
+OUTPUT_ARGUMENTS = {"out": "--out", "plot": "--plot", "checkpoint": "--checkpoint"}
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Every output file a command was given (`OUTPUT_ARGUMENTS`) can be written, and a `--plot` drawn: checked
+    before any work, so that a run is never lost to a typo in a path."""
+    for dest, flag in OUTPUT_ARGUMENTS.items():
+        if getattr(args, dest, None):
+            check_output_path(getattr(args, dest), flag)
+    if getattr(args, "plot", None):
+        check_plot_path(args.plot)
+
+
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser; given the command line `argv`, only the subcommand it names is imported (each imports its
-    whole package: flax, the clipping engine, ... — a second of start-up for the others), else all of them."""
+    whole package: flax, the clipping engine, ... — a second of start-up for the others), else all of them.
+    Every help shows the options' defaults (`HelpFormatter`)."""
     parser = argparse.ArgumentParser(prog="jdp", description="Differentially private learning on long-tailed data.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {jdp.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -87,6 +262,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
             found = False
         if found:
             importlib.import_module(module_name).register(sub)
+    use_default_showing_help(parser)
     return parser
 
 
@@ -107,15 +283,44 @@ def enable_compilation_cache() -> str | None:
     return path
 
 
+BROKEN_PIPE_EXIT = 141  # 128 + SIGPIPE: what a shell reports for `yes | head -1`'s writer
+
+
+def _quiet_broken_pipe() -> int:
+    """The reader of stdout went away (`jdp ... | head`): like a Unix tool, stop quietly. Stdout is pointed at
+    /dev/null so that flushing what is still buffered cannot fail again at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return BROKEN_PIPE_EXIT
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Runs one `jdp` command; returns its exit status (2: invalid input, refused with a message; 141: the
+    reader of the output went away, e.g. `| head`)."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
+
+
+def _main(argv: list[str] | None) -> int:
     reuse_freed_memory_if_requested()  # opt-in (jdp.hostmem), before JAX starts its threads
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser(argv).parse_args(argv)
-    enable_compilation_cache()
+    parser = build_parser(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # reported by the command's own parser: its usage line names the command (`usage: jdp altmin ...`)
+        deepest_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     try:
+        check_outputs(args)  # before any work
+        enable_compilation_cache()
         result = args.func(args)
+    except BrokenPipeError:
+        raise
     except (ValueError, OSError) as err:  # invalid user input or a missing/unreadable file: no traceback
-        print(f"jdp {args.command}: error: {err}", file=sys.stderr)
+        print(f"jdp {getattr(args, 'command', '')}: error: {err}", file=sys.stderr)
         return 2
     return int(result or 0)
 
@@ -130,15 +335,29 @@ def exit_fast(code: int) -> NoReturn:
         if thread is not threading.current_thread() and not thread.daemon:
             thread.join()
     atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BrokenPipeError:  # what was still buffered has no reader any more (`| head`): exit quietly
+            code = _quiet_broken_pipe() if stream is sys.stdout else code
+        except (OSError, ValueError):
+            pass
     os._exit(code)
 
 
 def entry_point() -> NoReturn:
     """The `jdp` console command: `main` on sys.argv, then `exit_fast` (an exception still exits the usual way,
-    with its traceback)."""
-    exit_fast(main())
+    with its traceback). argparse's exits (--help, --version, usage errors) end through `exit_fast` too, so that
+    their output meeting a closed pipe (`jdp seqrec --help | head -3`) ends quietly as well."""
+    try:
+        code = main()
+    except SystemExit as stop:
+        if stop.code is None or isinstance(stop.code, int):
+            code = stop.code or 0
+        else:
+            print(stop.code, file=sys.stderr)
+            code = 1
+    exit_fast(code)
 
 
 if __name__ == "__main__":

@@ -108,7 +108,7 @@ def select_curves(out: dict, path) -> pathlib.Path:
 
 
 def select_run(out: dict, path) -> pathlib.Path:
-    """How often each candidate was selected over the rows of the run (the printed ones, `--max-print`)."""
+    """How often each candidate was selected over all rows of the run."""
     plt = _pyplot()
     import numpy as np
     picks = np.asarray(out["selections"]).ravel()

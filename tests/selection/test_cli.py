@@ -38,11 +38,17 @@ def test_select_curves_list_recommend(tmp_path, capsys):
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     c = json.loads(out.read_text())
     assert c["mse"]["gem"][0] < c["mse"]["mgem"][0]
-    assert main(["select", "list"]) == 0
-    listing = json.loads(capsys.readouterr().out)
+    capsys.readouterr()
+    assert main(["select", "list", "--out", str(tmp_path / "list.json")]) == 0
+    listing = json.loads((tmp_path / "list.json").read_text())
     assert "rnmh-nonprivate" not in listing["private"] and "gem" in listing["private"]
-    assert main(["select", "recommend", "--scenario", "bimodal-negative", "--problems", "2", "--k", "20"]) == 0
-    assert json.loads(capsys.readouterr().out)["mechanism"] == "gem"
+    printed = capsys.readouterr().out  # a summary, not the JSON
+    assert printed.index("private mechanisms") < printed.index("  gem ") < printed.index("NON-PRIVATE references") \
+        < printed.index("  rnmh-nonprivate ")
+    assert main(["select", "recommend", "--scenario", "bimodal-negative", "--problems", "2", "--k", "20",
+                 "--out", str(tmp_path / "rec.json")]) == 0
+    assert json.loads((tmp_path / "rec.json").read_text())["mechanism"] == "gem"
+    assert "suggested mechanism: gem" in capsys.readouterr().out
 
 
 def test_select_errors_are_clean(capsys):
@@ -51,3 +57,38 @@ def test_select_errors_are_clean(capsys):
     assert main(["select", "run", "--mechanism", "rnmh-nonprivate", "--epsilon", "1", "--problems", "3"]) == 2
     assert "not differentially private" in capsys.readouterr().err
     assert main(["select", "run", "--epsilon", "1", "--scores", "/nonexistent.npy", "--sensitivities", "x"]) == 2
+
+
+def test_select_run_out_holds_every_selection_and_the_summary_says_the_problems_are_generated(tmp_path, capsys):
+    """Issue 70 item 6: --out and --plot hold all B selections (the summary shows --max-print of them and says
+    where the rest are); without --scores the summary says on stdout that the problems are generated."""
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    assert main(["select", "run", "--mechanism", "em", "--epsilon", "1", "--problems", "1500", "--k", "10",
+                 "--seed", "2", "--out", str(out), "--plot", str(png), "--max-print", "5"]) == 0
+    r = json.loads(out.read_text())
+    assert r["problems"] == 1500 and len(r["selections"]) == 1500 and r["source"] == "scenario:bimodal-positive"
+    printed = capsys.readouterr().out
+    assert "GENERATED" in printed and "bimodal-positive" in printed and "1,500 x 10" in printed
+    shown = next(line for line in printed.splitlines() if line.startswith("selected:"))
+    assert shown.split()[1:6] == [str(i) for i in r["selections"][:5]] and "1,495 more in --out" in shown
+    from jdp import plots
+    seen = {}
+    real = plots.PLOTS["select run"]
+    try:
+        plots.PLOTS["select run"] = lambda payload, path: seen.setdefault("n", len(payload["selections"])) and path
+        assert main(["select", "run", "--epsilon", "1", "--problems", "1200", "--k", "5", "--seed", "1",
+                     "--plot", str(png)]) == 0
+    finally:
+        plots.PLOTS["select run"] = real
+    assert seen["n"] == 1200  # the plot counts every row
+
+
+def test_select_refuses_options_it_would_ignore(tmp_path, capsys):
+    np.save(tmp_path / "q.npy", np.zeros((3, 4)))
+    np.save(tmp_path / "d.npy", np.ones(4))
+    assert main(["select", "run", "--epsilon", "1", "--sensitivities", str(tmp_path / "d.npy")]) == 2
+    assert "--sensitivities without --scores" in capsys.readouterr().err
+    assert main(["select", "run", "--epsilon", "1", "--scores", str(tmp_path / "q.npy"), "--sensitivities",
+                 str(tmp_path / "d.npy"), "--k", "10", "--problems", "5"]) == 2
+    assert "--problems, --k describe generated problems" in capsys.readouterr().err
+    assert main(["select", "run", "--epsilon", "1", "--max-print", "-1"]) == 2
