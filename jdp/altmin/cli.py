@@ -6,7 +6,7 @@ import os
 import pathlib
 
 from jdp.altmin.model import METHODS, AltMinConfig, Method
-from jdp.cli import add_data_dir_arguments, add_seed_arguments, noise_seed, result_json
+from jdp.cli import add_data_dir_arguments, add_seed_arguments, no_out_hint, noise_seed, privacy_lines, write_result
 
 # The named MovieLens datasets jdp.data.fetch downloads; their public rating scales are the published
 # releases' (jdp.data.movielens.RELEASES): 1-5 in whole stars for ml-100k / ml-1m, 0.5-5 in half stars after.
@@ -145,26 +145,29 @@ def run(args: argparse.Namespace) -> int:
                             tune=None if args.tune == "none" else args.tune)
     row["data"] = args.data or ("movielens" if args.data_path else "synthetic")
     row["privacy"]["assumptions"] += notes
-    for note in notes:
-        print(f"note: {note}")
     m = row["metrics"]
-    print(f"{row['method']}  epsilon={row['epsilon']}  rank={row['config']['dim']}  RMSE test={m['rmse_test']:.4f} "
-          f"valid={m['rmse_valid']:.4f}")
-    print(f"zero-cost baselines (nothing released): prior only {m['rmse_prior_only_test']:.4f}, "
-          f"prior + each user's own bias {m['rmse_zero_cost_test']:.4f}")
-    print("RMSE by popularity bucket (tail -> head): " + "  ".join(f"{x:.4f}" for x in m["sliced"]["rmse_test"]))
-    print(f"privacy: epsilon={row['privacy']['epsilon']:.4f} at delta={row['privacy']['delta']:g} "
-          f"over {len(row['privacy']['releases'])} release groups")
+    warnings = []
     if private and m["rmse_test"] > m["rmse_zero_cost_test"]:
-        warning = (f"the private model (test RMSE {m['rmse_test']:.4f}) is worse than the zero-cost baseline "
-                   f"({m['rmse_zero_cost_test']:.4f}: each user's own bias on the public prior, nothing released): "
-                   "at this epsilon and data size the release does not pay for itself")
-        row.setdefault("warnings", []).append(warning)
-        print(f"WARNING: {warning}")
+        warnings.append(f"the private model (test RMSE {m['rmse_test']:.4f}) is worse than the zero-cost baseline "
+                        f"({m['rmse_zero_cost_test']:.4f}: each user's own bias on the public prior, nothing released): "
+                        "at this epsilon and data size the release does not pay for itself")
+        row.setdefault("warnings", []).extend(warnings)
+    wrote = []  # the files first: a closed pipe on stdout (`| head`) cannot lose them
     if args.out:
-        pathlib.Path(args.out).write_text(result_json(row) + "\n")
-        print(f"wrote {args.out}")
+        wrote.append(write_result(args.out, row))
     if args.plot:
         from jdp.plots import altmin_run
-        print(f"wrote {altmin_run(row, args.plot)}")
+        wrote.append(f"wrote {altmin_run(row, args.plot)}")
+    shape = row.get("data_shape") or {}
+    generated = " (GENERATED)" if str(row["data"]).startswith("synthetic") else ""
+    summary = [f"data: {row['data']}{generated}, {shape.get('n_users', 0):,} users x {shape.get('n_items', 0):,} items, "
+               f"{shape.get('nnz', 0):,} ratings",
+               f"{row['method']}  epsilon={row['epsilon']}  rank={row['config']['dim']}  RMSE test={m['rmse_test']:.4f} "
+               f"valid={m['rmse_valid']:.4f}",
+               f"zero-cost baselines (nothing released): prior only {m['rmse_prior_only_test']:.4f}, "
+               f"prior + each user's own bias {m['rmse_zero_cost_test']:.4f}",
+               "RMSE by popularity bucket (tail -> head): " + "  ".join(f"{x:.4f}" for x in m["sliced"]["rmse_test"])]
+    summary += privacy_lines(row["privacy"] if private else {"non_private": True})
+    summary += [f"WARNING: {w}" for w in warnings] + wrote + no_out_hint(args)
+    print("\n".join(summary))
     return 0

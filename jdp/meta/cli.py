@@ -2,18 +2,17 @@
 
     jdp meta --algorithm clustering --setting multi-cluster --q 3 --epsilon 10 --n-tasks 300
 
-Prints (and optionally writes) JSON with the transfer risk on fresh tasks, the local-training
-reference, the PrivacyReport (unit = task) and timings.
+Prints a short summary: the transfer risk on fresh tasks beside the local-training reference, the
+PrivacyReport (unit = task) and timings; --out writes the full result as JSON (strict JSON: a non-finite
+number, e.g. the epsilon of a non-private run, is null).
 """
 from __future__ import annotations
 
 import concurrent.futures
-import math
 import pathlib
-import sys
 import time
 
-from jdp.cli import add_seed_arguments, noise_seed, result_json
+from jdp.cli import add_seed_arguments, no_out_hint, noise_seed, privacy_lines, write_result
 
 ALGORITHMS = ("meta-nsgd", "clustering", "ftmrl", "nonprivate", "local")
 SETTINGS = ("single-cluster", "multi-cluster", "authors")
@@ -143,17 +142,27 @@ def run(args) -> int:
         "batch_size": None if result is None else result.batch_size,
         "privacy": privacy, "timings": timings, "seed": seed, "data_seed": args.data_seed,
     }
+    warnings = []
     if result is not None and args.algorithm != "nonprivate" and risk > local:
-        warning = (f"the private meta-initialisation (transfer risk {risk:.4g}) is worse than local training "
-                   f"({local:.4g}: each task learns from its own data alone, nothing released)")
-        out["warnings"] = [warning]
-        print(f"WARNING: {warning}", file=sys.stderr)
-    text = result_json(out, default=lambda v: None if isinstance(v, float) and math.isinf(v) else float(v))
-    print(text)
+        warnings.append(f"the private meta-initialisation (transfer risk {risk:.4g}) is worse than local training "
+                        f"({local:.4g}: each task learns from its own data alone, nothing released)")
+        out["warnings"] = warnings
+    wrote = []  # the files first: a closed pipe on stdout cannot lose them
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+        wrote.append(write_result(args.out, out))
     if args.plot is not None:
         from jdp.plots import meta_run
-        meta_run(out, args.plot)
+        wrote.append(f"wrote {meta_run(out, args.plot)}")
+    eps = "" if out["epsilon_target"] is None else f" at target epsilon={args.epsilon:g}"
+    summary = [f"{args.algorithm}{eps} on GENERATED tasks ({args.setting}, --data-seed {args.data_seed}): "
+               f"K={args.n_tasks} training tasks of {args.n_points} points, d={args.dim}, q={args.q}"
+               + ("" if result is None else f", {result.steps} steps")
+               + ("" if not out["noise_multiplier"] else f", noise multiplier {out['noise_multiplier']:.4g}"),
+               f"transfer risk on {args.n_test_tasks} test tasks: {risk:.4f}; local training (zero-cost: each test task "
+               f"alone, nothing released): {local:.4f}",
+               f"time: generate {timings['generate_s']:.1f} s, train {timings['train_s']:.1f} s, "
+               f"evaluate {timings['evaluate_s']:.1f} s"]
+    summary += privacy_lines({"non_private": True} if args.algorithm == "nonprivate" else privacy)
+    summary += [f"WARNING: {w}" for w in warnings] + wrote + no_out_hint(args)
+    print("\n".join(summary))
     return 0
