@@ -105,7 +105,8 @@ def dp_aggregate(noise_multiplier: float, sensitivity: float, expected_batch_siz
     """optax transformation: (sum of clipped grads + N(0, (sigma S)^2)) / expected batch size.
 
     Feed it `ClippedGrad.grad_sum` (a SUM over units, sensitivity S), put it first in an optax.chain.
-    The noise key is split each step from `key` (explicit, reproducible).
+    The noise key is split each step from `key` (explicit, reproducible). The noise is added in float32 (or the
+    sum's wider dtype); given `params`, the noisy mean is then cast to each parameter's dtype.
     """
     sigma = check_positive(noise_multiplier, "noise_multiplier")
     S = check_positive(sensitivity, "sensitivity")
@@ -116,9 +117,13 @@ def dp_aggregate(noise_multiplier: float, sensitivity: float, expected_batch_siz
         return DPAggregateState(key=jnp.asarray(key), count=jnp.zeros((), jnp.int32))
 
     def update_fn(updates, state, params=None):
-        del params
         new_key, sub = jax.random.split(state.key)
+        # the sum and its noise in float32 whatever the parameters' dtype (a bfloat16 Gaussian has 8 bits);
+        # the cast to the parameters' dtype comes after the noise: post-processing of the release
+        updates = jax.tree.map(lambda g: g.astype(jnp.promote_types(g.dtype, jnp.float32)), updates)
         noisy = jax.tree.map(lambda g: g / denom, noise.add_gaussian_tree(sub, updates, sigma * S))
+        if params is not None:
+            noisy = jax.tree.map(lambda g, p: g.astype(jnp.result_type(p)), noisy, params)
         return noisy, DPAggregateState(new_key, state.count + 1)
 
     return optax.GradientTransformation(init_fn, update_fn)

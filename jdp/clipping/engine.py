@@ -44,7 +44,8 @@ TRANSPOSED_CONV_MIN_POSITIONS = 256
 class ClippedGrad:
     """Result of `clipped_grad`.
 
-    grad_sum: pytree like params, sum over units of the clipped gradients (no noise, not averaged).
+    grad_sum: pytree like params (float32 leaves whatever the parameters' dtype), sum over units of the clipped
+      gradients (no noise, not averaged).
     norms: [N] per-unit gradient norms before clipping (N = B, or num_groups with group_ids); 0 for
       masked-out units. Private: do not release without accounting.
     loss: [B] per-example losses (as computed, also for masked-out rows: mask them with `where`).
@@ -356,6 +357,10 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
     for x in leaves:
         if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
             raise ValueError("params must contain only floating-point arrays")
+    if method == "ghost-two-pass" and any(jnp.finfo(jnp.result_type(x)).bits < 32 for x in leaves):
+        raise ValueError("method='ghost-two-pass' forms the clipped sum by a second backward in the parameters' "
+                         "dtype; with bfloat16/float16 parameters that sum would round to 8-11 bits: use "
+                         "method='auto' (the sum is formed in float32, see docs/clipping.md#mixed-precision)")
     leaf_label, labels = _partition(params, clip_partition)
     Cs = _clip_values(l2_clip, labels)
     sensitivity = float(np.sqrt(np.sum(Cs ** 2)))
@@ -403,7 +408,7 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
             r = clip(part[0], part[1], None, chunk, in_loop=True)
             return jax.tree.map(jnp.add, acc, r.grad_sum), r.replace(grad_sum=None)
 
-        zeros = jax.tree.map(lambda x: jnp.zeros(np.shape(x), jnp.result_type(x)), params)
+        zeros = jax.tree.map(lambda x: jnp.zeros(np.shape(x), jnp.float32), params)   # the sum stays float32
         grad_sum, parts = jax.lax.scan(step, zeros, (chunked_batch, chunked_w))
 
         def rows(x):
@@ -574,21 +579,17 @@ def _finish(loss_fn, leaves, treedef, params, Cs, leaf_label, labels, sensitivit
     """Clip factors from the certified bounds (q, lin) [N, K] of the units (weights unit_w, non-finite unit_bad),
     and the clipped sum of the examples kept (`keep`) by book-keeping (or a second backward).
 
-    A unit's norm in group k is √q + lin, raised by the slack of forming it (`norms.BOUND_SLACK`), by a floor
-    for underflow (`norms.ABS_FLOOR`) and by the rounding of the sum to a parameter's own dtype (a bfloat16
-    leaf rounds each entry to within 2^-8 of it): an upper bound on the norm of what `grad_sum` receives from
-    the unit, so its clipped contribution is ≤ C_k (docs/privacy.md#floating-point)."""
+    A unit's norm in group k is √q + lin, raised by the slack of forming it (`norms.BOUND_SLACK`) and by a floor
+    for underflow (`norms.ABS_FLOOR`): an upper bound on the norm of what `grad_sum` receives from the unit, so its
+    clipped contribution is ≤ C_k (docs/privacy.md#floating-point). `grad_sum` is float32 for every leaf, also
+    for bfloat16/float16 parameters: a sum of many units rounded to 8 bits would let one unit move it by far
+    more than C_k (docs/clipping.md#mixed-precision)."""
     K = len(labels)
     q, lin = bound
     if _norms._FP_BOUND:
-        out_u = [0.0] * K        # the unit roundoff of a dtype narrower than float32 that a group's sums are cast to
-        for i, x in enumerate(leaves):
-            info = jnp.finfo(jnp.result_type(x))
-            if info.bits < 32:
-                out_u[leaf_label[i]] = max(out_u[leaf_label[i]], float(info.eps) / 2)
         n_leaves = [leaf_label.count(k) for k in range(K)]     # q and lin are sums over a group's leaves
-        slack = jnp.asarray([_norms.BOUND_SLACK * (1.0 + _norms.gamma(n + 1)) * (1.0 + e)
-                             for n, e in zip(n_leaves, out_u)], jnp.float32)[None, :]
+        slack = jnp.asarray([_norms.BOUND_SLACK * (1.0 + _norms.gamma(n + 1)) for n in n_leaves],
+                            jnp.float32)[None, :]
         gnorms = (jnp.sqrt(q) + lin) * slack + _norms.ABS_FLOOR
     else:
         gnorms = jnp.sqrt(jnp.maximum(q, 0.0))
@@ -614,10 +615,9 @@ def _finish(loss_fn, leaves, treedef, params, Cs, leaf_label, labels, sensitivit
         for i, x in enumerate(leaves):
             c = contribs[i]
             if c.mats or c.lookups or c.insts:
-                out.append(_norms.clipped_sum(c, ex_factors[:, leaf_label[i]], all_finite)
-                           .astype(jnp.result_type(x)))
+                out.append(_norms.clipped_sum(c, ex_factors[:, leaf_label[i]], all_finite))   # float32
             else:
-                out.append(jnp.zeros(np.shape(x), jnp.result_type(x)))
+                out.append(jnp.zeros(np.shape(x), jnp.float32))
         return jax.tree.unflatten(treedef, out)
 
     if method == "ghost-two-pass":

@@ -131,6 +131,12 @@ class Lin(nn.Module):      # Dense over T positions, wide enough to be ghosted; 
         return nn.Dense(64, use_bias=False)(jnp.tile(x, 8))
 
 
+class LinBf16(nn.Module):  # the same in bfloat16 (parameters, activations, matmul): norms and sum stay float32
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(64, use_bias=False, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)(jnp.tile(x, 8))
+
+
 class DenseGeneral(nn.Module):
     @nn.compact
     def __call__(self, x):   # [T, 2, 4] -> contracts the last two axes
@@ -189,7 +195,7 @@ class Fallback(nn.Module):  # an elementwise use of a parameter: its gradient co
         return jnp.sin(x * self.param("s", nn.initializers.ones, (8,))) * 1e3
 
 
-MODELS = {"dense": Lin, "dense_general": DenseGeneral, "conv1d": functools.partial(Conv, 1),
+MODELS = {"dense": Lin, "dense_bf16": LinBf16, "dense_general": DenseGeneral, "conv1d": functools.partial(Conv, 1),
           "conv2d": functools.partial(Conv, 2), "conv3d": functools.partial(Conv, 3),
           "conv_transpose": functools.partial(Conv, 2, True), "embed": Emb, "tied_attend": Tied,
           "layernorm": Norm, "raw_matmul": Raw, "lstm": Cell, "fallback": Fallback}
