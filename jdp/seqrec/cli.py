@@ -17,7 +17,6 @@ MovieLens item file (u.item / movies.dat) or a .npy / text file of raw item ids.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import pathlib
@@ -25,7 +24,8 @@ import time
 
 import numpy as np
 
-from jdp.cli import add_data_dir_arguments, add_seed_arguments, noise_seed, result_json
+from jdp.cli import (add_data_dir_arguments, add_seed_arguments, move_to_group, no_out_hint, noise_seed,
+                     privacy_lines, write_result)
 from jdp.clipping.engine import METHODS as CLIPPING_METHODS
 from jdp.seqrec.models import MODELS, NORMS
 from jdp.seqrec.train import DEFAULT_WINDOWS, ITEM_INIT_EPSILON_SHARE, ITEM_INITS, NEGATIVE_SAMPLERS, TrainConfig
@@ -131,9 +131,31 @@ def register(subparsers) -> None:
     p.add_argument("--show-private-diagnostics", action="store_true",
                    help="progress also shows the training loss, sample sizes and non-finite users dropped: PRIVATE "
                         "quantities computed without noise (not in the privacy report); off by default")
-    p.add_argument("--out", default=None, help="JSON output file")
+    p.add_argument("--max-minutes", type=float, default=None,
+                   help="time budget of this call: training stops at the last epoch boundary that fits (after the "
+                        "step that crosses it if an epoch takes longer than estimated), writes --checkpoint "
+                        "(required) and reports where it stopped; the same command with --resume continues it. The "
+                        "privacy report covers the steps that ran. Evaluation after the stop is not in the budget")
+    p.add_argument("--out", default=None, help="write the full result as JSON here (the summary is printed)")
     p.add_argument("--plot", default=None, help="PNG: training loss and validation NDCG per epoch")
+    for title, dests in HELP_GROUPS.items():
+        move_to_group(p, title, dests)
     p.set_defaults(func=run)
+
+
+# `jdp seqrec --help`, grouped (the options not named here stay under "options")
+HELP_GROUPS = {
+    "data": ["data", "data_path", "data_dir", "data_sha256", "data_seed", "maxlen", "n_users", "vocabulary",
+             "item_catalogue", "min_item_count", "vocab_noise_multiplier", "public_item_counts"],
+    "privacy": ["epsilon", "non_private", "delta", "clip", "normalize", "hist_noise_multiplier", "seed"],
+    "model": ["model", "k", "history", "d", "heads", "blocks", "norm", "ffn_dim", "item_dim", "dropout",
+              "item_init", "item_init_k", "item_init_noise", "freeze_item_table", "trainable_items"],
+    "training": ["epochs", "batch_size", "lr", "weight_decay", "warmup_frac", "negatives", "negative_sampler"],
+    "evaluation": ["eval_every", "mask_history"],
+    "speed and memory (no effect on the results)": ["clipping", "chunk_rows", "length_buckets"],
+    "long runs, progress and output": ["checkpoint", "resume", "max_minutes", "max_steps", "time_limit",
+                                       "no_progress", "show_private_diagnostics", "out", "plot"],
+}
 
 
 BASELINE_TEXT = {"zero_cost": "zero-cost baseline (each user's own recent items, nothing released)",
@@ -176,6 +198,13 @@ def run(args: argparse.Namespace) -> int:
     from jdp.seqrec.train import train
 
     logging.getLogger("absl").setLevel(logging.ERROR)
+    if args.max_minutes is not None:  # refuse before any work
+        if not args.max_minutes > 0:
+            raise ValueError(f"--max-minutes must be > 0, got {args.max_minutes}")
+        if args.model == "transitions":
+            raise ValueError("--max-minutes does not apply to --model transitions (one release, no training loop)")
+        if not args.checkpoint:
+            raise ValueError("--max-minutes stops training early and saves it for --resume: give --checkpoint FILE")
     if args.model == "transitions":  # refuse before any work
         if args.k is None:
             raise ValueError("--model transitions needs --k (the number of candidate items, a public choice)")
@@ -254,7 +283,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.checkpoint} exists: pass --resume to continue it, or remove it")
     res = train(d, cfg, k_train, public_item_counts=public, checkpoint=args.checkpoint,
                 progress=not args.no_progress, max_steps=args.max_steps,
-                max_seconds=args.time_limit, show_private_diagnostics=args.show_private_diagnostics)
+                max_seconds=args.time_limit, show_private_diagnostics=args.show_private_diagnostics,
+                time_budget_s=None if args.max_minutes is None else 60.0 * args.max_minutes)
     out = {
         "data": args.data, **({"data_seed": args.data_seed} if args.data == "synthetic" else {}), "model": args.model, "epsilon": cfg.epsilon, "delta": cfg.delta, "seed": seed,
         "device": jax.devices()[0].device_kind, "xla_flags": os.environ.get("XLA_FLAGS"), "n_users": d.n_users, "n_items": d.n_items, "maxlen": d.maxlen,
@@ -272,24 +302,58 @@ def run(args: argparse.Namespace) -> int:
     return _report(args, out, res.privacy, seqrec_history)
 
 
+METRIC_UNITS = ("NDCG@10 and HIT@10 are fractions in [0, 1] in this file (the printed summary shows them as "
+                "percentages)")
+
+
+def _pct(metrics: dict, key: str) -> str:
+    value = metrics.get(key)
+    return "n/a" if value is None else f"{100 * value:.2f}%"
+
+
 def _report(args: argparse.Namespace, out: dict, privacy, plot) -> int:
-    """Prints the privacy report, the metrics and the baselines of a run (with a warning for each baseline the
-    model does not beat), then writes `--out` (JSON) and `--plot` (with `plot(out, path)`)."""
-    if privacy is not None:
-        print(privacy)
-    print(json.dumps(out["metrics"], indent=1))
-    for name, m in out["baselines"].items():
+    """Writes `--out` (JSON) and `--plot` (with `plot(out, path)`) first, so that a closed pipe cannot lose them,
+    then prints the summary: data, where training stopped, test / validation NDCG@10 and HIT@10 in percent, the
+    baselines, the privacy report and a warning for each baseline the model does not beat."""
+    out["metric_units"] = METRIC_UNITS
+    warnings = baseline_warnings(out["metrics"], out["baselines"])
+    if warnings:
+        out.setdefault("warnings", []).extend(warnings)
+    wrote = []
+    if args.out:
+        wrote.append(write_result(args.out, out))
+    if args.plot:
+        wrote.append(f"wrote {plot(out, args.plot)}")
+    m, t = out["metrics"], out.get("timings", {})
+    source = "GENERATED (--data-seed %d)" % out["data_seed"] if out["data"] == "synthetic" else "read from file"
+    summary = [f"data: {out['data']}, {source}: {out['n_users']:,} users, {out['n_items']:,} items, windows of the "
+               f"last {out['maxlen']} items"]
+    if "steps_done" in t:
+        what = f"{out['model']}: {t['steps_done']} of {out['steps']} steps ({t['epochs_done']:.2f} epochs), " \
+               f"{t.get('train_s', 0.0):.1f} s training ({t.get('s_per_step', 0.0):.3g} s per step)"
+        summary.append(what + ("" if out.get("noise_multiplier") is None or out["epsilon"] is None
+                               else f", noise multiplier {out['noise_multiplier']:.4g}"))
+    else:
+        summary.append(f"{out['model']}: one release, fitted in {t.get('fit_s', 0.0):.1f} s")
+    stopped = t.get("stopped")
+    if stopped:
+        where = "an epoch boundary" if stopped.get("at_epoch_boundary") else "mid-epoch"
+        why = {"time budget": f"--max-minutes {args.max_minutes:g}" if getattr(args, "max_minutes", None) else
+               "the time budget", "max_steps": "--max-steps"}.get(stopped["reason"], "--time-limit")
+        resume = (f"checkpoint {stopped['checkpoint']}: the same command with --resume continues it"
+                  if stopped.get("checkpoint") else "no --checkpoint: it cannot be continued")
+        summary.append(f"STOPPED by {why} at step {stopped['step']} of {stopped['planned_steps']} (epoch "
+                       f"{stopped['epoch']:.2f}, {where}); {resume}. The privacy report covers the steps that ran.")
+    summary.append(f"test NDCG@10 {_pct(m, 'ndcg_at_10_test')}  HIT@10 {_pct(m, 'hit_at_10_test')}   "
+                   f"(validation NDCG@10 {_pct(m, 'ndcg_at_10_valid')}  HIT@10 {_pct(m, 'hit_at_10_valid')}; "
+                   f"full ranking of all items)")
+    for name, b in out["baselines"].items():
         what = ("each user's own recent items, nothing released" if name == "zero_cost"
                 else "items by the released / public counts, no further release")
-        print(f"baseline {name} ({what}): NDCG@10 test {m.get('ndcg_at_10_test', float('nan')):.4%}  "
-              f"HIT@10 test {m.get('hit_at_10_test', float('nan')):.4%}")
-    for warning in baseline_warnings(out["metrics"], out["baselines"]):
-        out.setdefault("warnings", []).append(warning)
-        print(f"WARNING: {warning}")
-    if args.out:
-        pathlib.Path(args.out).write_text(result_json(out) + "\n")
-    if args.plot:
-        print(f"wrote {plot(out, args.plot)}")
+        summary.append(f"baseline {name} ({what}): test NDCG@10 {_pct(b, 'ndcg_at_10_test')}  "
+                       f"HIT@10 {_pct(b, 'hit_at_10_test')}")
+    summary += privacy_lines(out["privacy"]) + [f"WARNING: {w}" for w in warnings] + wrote + no_out_hint(args)
+    print("\n".join(summary))
     return 0
 
 

@@ -505,7 +505,7 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
           checkpoint: str | pathlib.Path | None = None, checkpoint_every: int | None = None,
           progress: bool = True, evaluate_test: bool = True, max_steps: int | None = None,
           max_seconds: float | None = None, initial_params: Any | None = None,
-          show_private_diagnostics: bool = False) -> TrainResult:
+          show_private_diagnostics: bool = False, time_budget_s: float | None = None) -> TrainResult:
     """Trains cfg.model with DP-SGD at (cfg.epsilon, cfg.delta) and evaluates on valid/test.
 
     Unit: user (one sequence); relation: add/remove one user. public_item_counts: caller-DECLARED
@@ -518,6 +518,13 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     run, whose noise was calibrated for all `steps`); resume later from the checkpoint.
     `max_seconds`: stop after the first step that ends this many seconds after the call began (same
     meaning as `max_steps`: a checkpoint is written, the model is evaluated where it stopped).
+    `time_budget_s` (`jdp seqrec --max-minutes`): stop at the last epoch boundary before this many seconds
+    after the call began, i.e. at an epoch's end when the next epoch (this call's median step time after
+    its first step x steps per epoch) would not end within it; after the step that crosses it if the
+    estimate was wrong. A checkpoint is written and `timings["stopped"]` says where and why. Time is a public
+    quantity: stopping on it reads no data.
+    A run stopped before its planned steps (any of the three) reports the epsilon of the steps that ran
+    (`partial_report`; the noise was calibrated for all of them, so continuing it spends up to the plan).
     `initial_params`: parameters to start from instead of the model's random initialisation (checked against
     its structure). Their values must be public or post-processing of releases in this run's report (e.g.
     `data.vocab_releases`): the report does not cover anything else they were computed from.
@@ -531,6 +538,8 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     cfg.validate()
     if max_seconds is not None:
         check_positive(max_seconds, "max_seconds")
+    if time_budget_s is not None:
+        check_positive(time_budget_s, "time_budget_s")
     t_start = time.perf_counter()
     L, M = data.maxlen, data.n_items
     N, q, steps = sampling_plan(data, cfg)
@@ -652,6 +661,7 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     n_data = data.n_users
     eval_every = max(1, int(round(cfg.eval_every_epochs * per_epoch))) if cfg.eval_every_epochs > 0 else 0
     t_train, epoch_loss, epoch_count = 0.0, 0.0, 0
+    stopped = None  # why and where a run ended before its planned steps (public: steps and time only)
     epoch_nonfinite, total_nonfinite = 0, 0  # private diagnostics: users dropped for a non-finite loss/gradient
     private_keys = ("train_loss", "num_nonfinite")  # history entries shown only with show_private_diagnostics
     step_s, shapes_seen, step_new_shapes = [], set(), []  # per-step time; steps that compiled a new chunk shape
@@ -708,9 +718,17 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
         if entry is not None:
             history.append(entry)
             if progress:
-                it.write("  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in entry.items()
+                it.write("  ".join(_progress_item(k, v) for k, v in entry.items()
                                    if show_private_diagnostics or k not in private_keys))
-        out_of_time = max_seconds is not None and time.perf_counter() - t_start >= max_seconds
+        elapsed = time.perf_counter() - t_start
+        out_of_time = max_seconds is not None and elapsed >= max_seconds
+        if time_budget_s is not None and done < stop and not out_of_time:  # public: time, never the data
+            if budget_says_stop(elapsed, done, per_epoch, step_s, time_budget_s):
+                out_of_time = True
+                stopped = {"reason": "time budget", "at_epoch_boundary": done % per_epoch == 0,
+                           "budget_s": time_budget_s, "elapsed_s": elapsed}
+        if out_of_time and stopped is None:
+            stopped = {"reason": "time limit (max_seconds)", "at_epoch_boundary": done % per_epoch == 0}
         if ckpt is not None and (done % checkpoint_every == 0 or done == stop or out_of_time):
             ckpt.write_bytes(flax.serialization.to_bytes(without_noise_key(state)))
             ckpt.with_name(ckpt.name + ".history.json").write_text(json.dumps(history))
@@ -720,6 +738,12 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
             break
     params, steps_done = state.params, int(state.step)
     pool.shutdown(wait=True)  # the evaluation's compilations
+    if steps_done < steps:
+        stopped = {**(stopped or {"reason": "max_steps", "at_epoch_boundary": steps_done % per_epoch == 0}),
+                   "step": steps_done, "planned_steps": steps, "epoch": steps_done * cfg.batch_size / N,
+                   "checkpoint": None if ckpt is None else str(ckpt)}
+        if report is not None:  # the release is the model after the steps that ran: their epsilon, not the plan's
+            report = partial_report(report, steps_done, steps)
 
     t0 = time.perf_counter()
     mv = evaluate(model, params, data.valid_input, data.valid_target, chunk=cfg.eval_chunk, rank_fn=rank_fn,
@@ -743,9 +767,39 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     timings = {"train_s": t_train, "eval_s": t_eval, "total_s": time.perf_counter() - t_start,
                "steps_run": stop - start, "steps_done": steps_done, "epochs_done": steps_done * cfg.batch_size / N,
                "s_per_step": t_train / max(1, stop - start), "step_s": step_s, "step_new_shapes": step_new_shapes,
-               "complete": steps_done == steps}
+               "complete": steps_done == steps, **({"stopped": stopped} if stopped is not None else {})}
     return TrainResult(params, metrics, report, float(sigma), steps, history, timings, reatt, counts_rel, baselines,
                        private_diagnostics={"num_nonfinite": total_nonfinite})
+
+
+def _progress_item(key: str, value) -> str:
+    """One item of a progress line: NDCG / HIT in percent (the unit every printed metric of jdp seqrec uses)."""
+    if key.startswith(("ndcg", "hit")) and isinstance(value, float):
+        return f"{key.replace('_at_10', '@10')} {100 * value:.2f}%"
+    return f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
+
+
+def budget_says_stop(elapsed: float, done: int, per_epoch: int, step_s: list[float], budget_s: float) -> bool:
+    """Whether a run with a time budget stops after step `done`: once the budget is spent, and at an epoch's end
+    when the next epoch, estimated from the median time of this call's steps after its first (which compiles),
+    would end past it. Reads only time and step counts (public)."""
+    if elapsed >= budget_s:
+        return True
+    if done % per_epoch or not step_s:
+        return False
+    typical = float(np.median(step_s[1:] if len(step_s) > 1 else step_s))
+    return elapsed + typical * per_epoch > budget_s
+
+
+def partial_report(report: accounting.PrivacyReport, steps_done: int, steps: int) -> accounting.PrivacyReport:
+    """The report of a run stopped after `steps_done` of its `steps` planned DP-SGD steps: every release before
+    training as planned, the DP-SGD step (the last release, `privacy_setup`) counted `steps_done` times."""
+    ran = dataclasses.replace(report, releases=list(report.releases[:-1]), assumptions=list(report.assumptions))
+    if steps_done > 0:
+        ran.add_release(dataclasses.replace(report.releases[-1], count=int(steps_done)))
+    ran.assume(f"the run stopped after {steps_done} of its {steps} planned DP-SGD steps: epsilon covers the steps "
+               "that ran (the noise was calibrated for all of them; continuing it spends up to the planned epsilon)")
+    return ran
 
 
 def _check_initial_params(initial, reference):
