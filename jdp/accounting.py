@@ -37,7 +37,7 @@ from dp_accounting import dp_event as dpe
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from jdp.validation import check_delta, check_epsilon, check_positive
+from jdp.validation import MAX_EPSILON, check_delta, check_epsilon, check_positive, large_epsilon_warning
 
 Relation = dp_accounting.NeighboringRelation
 ADD_OR_REMOVE_ONE = Relation.ADD_OR_REMOVE_ONE
@@ -326,7 +326,7 @@ def calibrate(make_event: Callable[[float], dpe.DpEvent], epsilon: float, delta:
     ten accountant calls instead of ~30 for bisection), then the returned parameter is checked and, if needed,
     stepped up until it spends at most ε by exactly the rule the report uses. `tol`: absolute tolerance on the
     parameter (default 1e-6 relative). Raises ValueError when the budget cannot be met inside the bracket (e.g.
-    a fixed part of the budget already exceeds ε).
+    a fixed part of the budget already exceeds ε). Targets above `jdp.validation.MAX_EPSILON` are refused.
 
     With the RDP accountant, Brent's steps account only the orders near the one that attained ε last
     (`_ORDER_WINDOW` on each side, the window slid while its best order is at an edge; the bracket's walk uses
@@ -337,6 +337,9 @@ def calibrate(make_event: Callable[[float], dpe.DpEvent], epsilon: float, delta:
     the packages' event shapes, `benchmarks/accounting_calibration.py`).
     """
     epsilon, delta, relation = check_epsilon(epsilon), check_delta(delta), check_relation(relation)
+    if epsilon > MAX_EPSILON:  # refused before any accounting: such a search ends at the bracket's end anyway
+        raise ValueError(f"epsilon = {epsilon:.4g} is above the largest target jdp calibrates for, {MAX_EPSILON:g} "
+                         f"(jdp.validation.MAX_EPSILON): nothing is protected at such an epsilon")
     lo, hi = bracket
     if not (0 < lo < hi and math.isfinite(hi)):
         raise ValueError(f"bracket must satisfy 0 < lo < hi < inf, got {bracket!r}")
@@ -601,6 +604,9 @@ class PrivacyReport:
                 for r in self.releases
             ],
         }
+        note = large_epsilon_warning(out["epsilon"], self.unit)
+        if note is not None:  # ε > jdp.validation.LARGE_EPSILON: accepted, said beside the number
+            out["warnings"] = [note]
         if any(r.restated for r in self.releases):
             by = self.epsilon_by_relation()
             out["epsilon_by_relation"] = {rel.name.lower(): eps for rel, eps in by.items()}
@@ -616,7 +622,11 @@ class PrivacyReport:
             sens = "-" if r.sensitivity is None else f"{r.sensitivity:.4g}"
             noise = "-" if r.noise_scale is None else f"{r.noise_scale:.4g}"
             lines.append(f"  {r.name:<32} x{r.count:<4} sens={sens:<10} noise={noise:<10} {type(r.event).__name__}")
-        lines.append(f"  total epsilon = {self.epsilon():.4f}")
+        total = self.epsilon()
+        lines.append(f"  total epsilon = {total:.4f}")
+        note = large_epsilon_warning(total, self.unit)
+        if note is not None:
+            lines.append(f"  WARNING: {note}")
         if any(r.restated for r in self.releases):
             for rel, eps in self.epsilon_by_relation().items():
                 lines.append(f"  epsilon under '{describe_relation(rel, self.unit)}': "

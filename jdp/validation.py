@@ -1,5 +1,6 @@
-"""Input validation shared by every routine: privacy parameters (ε, δ), positive scalars, (0, 1) values, and
-the selection mechanisms' score / sensitivity arrays (host side; skipped for traced values under jit).
+"""Input validation shared by every routine: privacy parameters (ε, δ; `check_privacy` is the one rule of every
+private entry point), positive scalars, (0, 1) values, and the selection mechanisms' score / sensitivity arrays
+(host side; skipped for traced values under jit).
 
 Each check raises a ValueError naming the argument and returns the validated value."""
 from __future__ import annotations
@@ -25,31 +26,91 @@ def check_epsilon(epsilon: float, name: str = "epsilon", allow_inf: bool = False
 _DELTA_WARNINGS: dict = {}
 
 
-def check_delta(delta: float, name: str = "delta", num_units: int | None = None) -> float:
+def check_delta(delta: float, name: str = "delta", num_units: int | None = None, unit: str = "unit") -> float:
     """Returns delta as float; raises ValueError unless 0 < delta < 1.
 
-    With `num_units` (the number of protected units: examples, users, tasks) also refuses
+    With `num_units` (the declared public number of protected units: examples, users, tasks) also refuses
     delta >= 1/num_units — publishing one random unit's data in the clear is (0, 1/n)-DP, so such a
-    guarantee means nothing — and warns above 1/(10 num_units)."""
+    guarantee means nothing — and warns above 1/(10 num_units). Entry points call `check_privacy`."""
     try:
         value = float(delta)
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be in (0, 1), got {delta!r}") from None
     if not (0.0 < value < 1.0):
         raise ValueError(f"{name} must be in (0, 1), got {delta!r}")
-    if num_units is not None and int(num_units) >= 1:
-        n = int(num_units)
+    if num_units is not None:
+        try:
+            n = int(num_units)
+        except (TypeError, ValueError):
+            raise ValueError(f"the number of protected {unit}s must be a positive integer, got {num_units!r}") from None
+        if n < 1:
+            raise ValueError(f"the number of protected {unit}s must be >= 1, got {num_units!r}")
         if value >= 1.0 / n:
-            raise ValueError(f"{name} = {value:.3g} >= 1/n = {1.0 / n:.3g} for n = {n} protected units: a "
-                             f"mechanism that publishes one random unit's data in the clear meets that "
+            raise ValueError(f"{name} = {value:.3g} >= 1/n = {1.0 / n:.3g} for n = {n} protected {unit}s: a "
+                             f"mechanism that publishes one random {unit}'s data in the clear meets that "
                              f"guarantee. Use {name} well below 1/n (e.g. <= {0.1 / n:.2g}).")
         if value > 0.1 / n:
             # one place and one registry for every caller: a run that checks the same δ in several layers
             # (a trainer, then its DP-SGD transformation) prints the warning once
             warnings.warn_explicit(f"{name} = {value:.3g} is above 1/(10 n) = {0.1 / n:.3g} for n = {n} protected "
-                                   f"units; the usual choice is {name} << 1/n", UserWarning, __file__, 0,
+                                   f"{unit}s; the usual choice is {name} << 1/n", UserWarning, __file__, 0,
                                    module=__name__, registry=_DELTA_WARNINGS)
     return value
+
+
+# The one rule for the privacy parameters of every private entry point (`check_privacy`).
+LARGE_EPSILON = 30.0
+"""Targets above this are accepted but warned (no deployed release that calls itself private spends more; at such
+an ε the noise hides almost nothing), and every report whose composed ε exceeds it carries a warning."""
+MAX_EPSILON = 1e3
+"""Targets above this are refused before any work: nothing is left to protect (a ε-DP mechanism may change an
+event's odds by e^ε) and calibrating the noise for such a target only finds the smallest noise of its search."""
+
+
+def large_epsilon_warning(epsilon: float, unit: str = "unit") -> str | None:
+    """The warning a run or report states for an ε above `LARGE_EPSILON` (None at or below it, and for ε = ∞: a
+    non-private reference says so itself)."""
+    try:
+        value = float(epsilon)
+    except (TypeError, ValueError):
+        return None
+    if not (LARGE_EPSILON < value < math.inf):
+        return None
+    return (f"epsilon = {value:.4g} is above {LARGE_EPSILON:g}: a guarantee this weak lets an observer tell whether "
+            f"one {unit} took part with odds up to e^{value:.3g}; treat the result as (almost) non-private")
+
+
+def check_privacy(epsilon: float | None, delta: float, num_units: int | None, *, unit: str = "unit",
+                  epsilon_name: str = "epsilon", delta_name: str = "delta") -> tuple[float | None, float]:
+    """The one rule for a private entry point's privacy parameters; returns (ε as float or None, δ as float).
+
+    - ε (None: the caller gives a noise scale instead and nothing is checked): finite, > 0 and at most
+      `MAX_EPSILON` (refused: ValueError naming the argument); above `LARGE_EPSILON` accepted with a
+      UserWarning (reports above it carry the same warning, `PrivacyReport.to_dict`).
+    - δ: in (0, 1) and, with `num_units` = n the DECLARED PUBLIC number of privacy units (examples for
+      example-level, users for user-level, tasks for task-level DP), below 1/n: publishing one random unit's data
+      in the clear is (0, 1/n)-DP (`check_delta`).
+
+    Every library entry point calls it before any work; the CLIs get the rule by calling the library (or this
+    function with their flags' names)."""
+    delta = check_delta(delta, delta_name, num_units=num_units, unit=unit)
+    if epsilon is None:
+        return None, delta
+    epsilon = check_epsilon(epsilon, epsilon_name)
+    if epsilon > MAX_EPSILON:
+        raise ValueError(f"{epsilon_name} = {epsilon:.4g} is above the largest target jdp calibrates for, "
+                         f"{MAX_EPSILON:g}: at such an epsilon nothing is protected (an observer may tell whether one "
+                         f"{unit} took part with odds up to e^{epsilon:.3g}) and the calibration could only return the "
+                         f"smallest noise it searches. Give {epsilon_name} <= {LARGE_EPSILON:g} for a meaningful "
+                         f"guarantee, or run the non-private reference.")
+    note = large_epsilon_warning(epsilon, unit)
+    if note is not None:
+        warnings.warn_explicit(f"{epsilon_name}: {note}", UserWarning, __file__, 0, module=__name__,
+                               registry=_EPSILON_WARNINGS)
+    return epsilon, delta
+
+
+_EPSILON_WARNINGS: dict = {}
 
 
 def check_positive(value: float, name: str, allow_zero: bool = False) -> float:

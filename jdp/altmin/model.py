@@ -54,7 +54,7 @@ from jdp.multitask.ssp import (check_user_budget, clip_label_norms, count_poster
                                task_mesh)
 from jdp.multitask.weights import adaptive_weights, tail_sampling_weights, task_weights, uniform_sampling_weights
 from jdp.noise import clip_by_norm, seeded_key, standard_normal
-from jdp.validation import check_delta, check_epsilon, check_positive
+from jdp.validation import check_positive, check_privacy
 
 RIDGE, NOISY_GD = "ridge", "noisy_gd"  # item update rules
 ALLOCATIONS = ("none", "uniform", "tail", "adaptive")  # how a user's budget k is spread over the user's ratings
@@ -233,9 +233,7 @@ class AltMinConfig:
         lo, hi = self.rating_range
         if not (math.isfinite(lo) and math.isfinite(hi) and hi > lo):
             raise ValueError(f"rating_range must be finite with hi > lo, got {self.rating_range}")
-        if self.private:
-            check_epsilon(self.epsilon)
-        check_delta(self.delta)
+        check_privacy(self.epsilon if self.private else None, self.delta, None, unit="user")  # δ < 1/n: in `fit`
         check_positive(self.mu, "mu", allow_zero=True)
         check_positive(self.user_clip, "user_clip")
         if self.budget < 1:
@@ -946,6 +944,8 @@ def fit(train: Interactions, cfg: AltMinConfig, seed: int | None = None, *, tune
     """
     cfg = cfg.for_data(train)
     cfg.resolve()  # validate early
+    if cfg.private:  # the one rule (jdp.validation.check_privacy): δ < 1/n of the declared public user id space
+        check_privacy(cfg.epsilon, cfg.delta, train.n_users, unit="user")
     if tune is not None:
         return _fit_tuned(train, cfg, seed, tune, valid)
     train = _checked_ratings(train, cfg)

@@ -32,7 +32,7 @@ from jdp.altmin.model import AltMinConfig, AltMinModel, candidate_event, fit
 from jdp.data import Interactions
 from jdp.noise import resolve_seed, seeded_key
 from jdp.selection.tuning import select_configuration, selection_event
-from jdp.validation import check_delta, check_epsilon, check_positive
+from jdp.validation import check_positive, check_privacy
 from jdp.validation import check_open_unit
 
 
@@ -92,7 +92,7 @@ def tune_private(train: Interactions, valid: Interactions, configs: Sequence[Alt
     Every config must be private and share the rating range; their own epsilon/delta are replaced.
     `seed` seeds all noise (None: fresh OS entropy, recorded in the result).
     """
-    epsilon, delta = check_epsilon(epsilon), check_delta(delta)
+    epsilon, delta = check_privacy(epsilon, delta, train.n_users, unit="user")
     selection_fraction = check_open_unit(selection_fraction, "selection_fraction")
     configs = tuple(configs)
     if len(configs) < 2:

@@ -30,7 +30,7 @@ from jdp import noise
 from jdp.accounting import ADD_OR_REMOVE_ONE, PrivacyReport, calibrate, compute_epsilon
 from jdp.clipping.engine import METHODS, check_batch_chunk, clipped_grad
 from jdp.clipping.sharding import DATA_AXIS, check_mesh, sharded_sums
-from jdp.validation import check_delta, check_epsilon, check_positive
+from jdp.validation import check_positive, check_privacy
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -50,8 +50,7 @@ def dp_sgd_event(noise_multiplier: float, sampling_rate: float, steps: int) -> d
 def calibrate_noise_multiplier(epsilon: float, delta: float, sampling_rate: float, steps: int,
                                accountant: str = "rdp") -> float:
     """Smallest noise multiplier sigma whose `dp_sgd_event` spends at most (epsilon, delta)."""
-    check_epsilon(epsilon)
-    check_delta(delta)
+    epsilon, delta = check_privacy(epsilon, delta, None)
     dp_sgd_event(1.0, sampling_rate, steps)  # validates q and steps
     return calibrate(lambda s: dp_sgd_event(s, sampling_rate, steps), epsilon, delta,
                      bracket=(1e-2, 1e4), accountant=accountant)
@@ -387,7 +386,7 @@ def dp_sgd(loss_fn: Callable, optimizer: optax.GradientTransformation, *, num_ex
     if batch_size > num_examples:
         raise ValueError(f"batch_size ({batch_size}) must be <= num_examples ({num_examples})")
     C = check_positive(l2_clip, "l2_clip")
-    delta = check_delta(delta, num_units=int(num_examples))
+    epsilon, delta = check_privacy(epsilon, delta, int(num_examples), unit=unit)  # δ < 1/n, ε <= MAX_EPSILON
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     check_batch_chunk(batch_chunk)

@@ -67,13 +67,13 @@ def run(args) -> int:
 
     from jdp import meta as M
 
-    from jdp.validation import check_delta, check_epsilon, check_positive
-    if args.algorithm not in ("nonprivate", "local"):
-        check_epsilon(args.epsilon, "--epsilon")
-    check_delta(args.delta, "--delta")
+    from jdp.validation import check_positive, check_privacy
     for name in ("n_tasks", "n_points", "n_test_tasks", "n_test_points", "dim", "batch_size", "inner_steps", "inner_batch", "q"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    private = args.algorithm not in ("nonprivate", "local")  # the library's rule, before the tasks are generated
+    check_privacy(args.epsilon if private else None, args.delta, args.n_tasks if private else None, unit="task",
+                  epsilon_name="--epsilon", delta_name="--delta")
     if not 0 < args.n_finetune:
         raise ValueError(f"--n-finetune must be >= 1, got {args.n_finetune}")
     if args.algorithm in ("meta-nsgd", "ftmrl") and args.q != 1:

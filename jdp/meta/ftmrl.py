@@ -26,7 +26,7 @@ from jdp import noise
 from jdp.meta import engine, privacy
 from jdp.meta.meta_nsgd import OUTPUTS, MetaResult, check_fits, stack_init
 from jdp.meta.tasks import TaskSet
-from jdp.validation import check_delta, check_epsilon, check_positive
+from jdp.validation import check_positive, check_privacy
 
 PyTree = Any
 
@@ -64,7 +64,7 @@ def dp_ftmrl(key, tasks: TaskSet, learner, h0: PyTree, *, epsilon: float | None,
         raise ValueError(f"tasks must be a TaskSet, got {type(tasks).__name__}")
     clip = check_positive(clip, "clip")
     meta_lr = check_positive(meta_lr, "meta_lr")
-    delta = check_delta(delta, num_units=tasks.n_tasks)
+    epsilon, delta = check_privacy(epsilon, delta, tasks.n_tasks, unit="task")  # the one rule, before any work
     if not 1 <= int(batch_size) <= tasks.n_tasks:
         raise ValueError(f"batch_size must be in [1, n_tasks={tasks.n_tasks}], got {batch_size}")
     if output not in OUTPUTS:
@@ -80,7 +80,7 @@ def dp_ftmrl(key, tasks: TaskSet, learner, h0: PyTree, *, epsilon: float | None,
     if noise_multiplier is not None:
         z = check_positive(noise_multiplier, "noise_multiplier")
     else:
-        z = privacy.calibrate_tree(check_epsilon(epsilon), delta, n_steps)
+        z = privacy.calibrate_tree(epsilon, delta, n_steps)
     report = privacy.new_report(delta, "tree")
     report.assume(f"number of tasks K = {k} treated as public (sets the stream of ceil(K/b) steps)")
     privacy.add_release(report, f"DP-FTMRL: tree aggregation over {n_steps} steps of {b} tasks", "tree", z * clip, clip,

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from jdp import accounting as acc
 from jdp.meta import engine, privacy
 from jdp.meta.tasks import TaskSet
-from jdp.validation import check_delta, check_epsilon, check_positive
+from jdp.validation import check_positive, check_privacy
 
 PyTree = Any
 OUTPUTS = ("average", "last")
@@ -110,7 +110,7 @@ def run_private(key, tasks: TaskSet, learner, h0_flat: jax.Array, spec: engine.F
     _validate(tasks, steps, batch_size, meta_lr, clip, sampling, output, radius)
     check_fits(learner, spec, h0_flat, tasks)
     clip = check_positive(clip, "clip")
-    delta = check_delta(delta, num_units=tasks.n_tasks)
+    epsilon, delta = check_privacy(epsilon, delta, tasks.n_tasks, unit="task")  # the one rule, before any work
     if calibration not in CALIBRATIONS:
         raise ValueError(f"calibration must be one of {CALIBRATIONS}, got {calibration!r}")
     if (epsilon is None) == (noise_multiplier is None):
@@ -122,7 +122,6 @@ def run_private(key, tasks: TaskSet, learner, h0_flat: jax.Array, spec: engine.F
                       radius=jnp.float32(math.inf if radius is None else radius))
     compiled = None
     if noise_multiplier is None and calibration != "theory":
-        epsilon = check_epsilon(epsilon)  # before any work
         # the program does not read σ (an input): traced here, compiled beside the calibration (XLA releases the
         # GIL; the calibration is Python and numpy), and called once both are done
         lowered = engine.train_jit.lower(key, tasks.data, tasks.mask, h0_flat, batch_size=int(batch_size),

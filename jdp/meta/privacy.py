@@ -37,7 +37,7 @@ import math
 from dp_accounting import dp_event as dpe
 
 from jdp import accounting as acc
-from jdp.validation import check_delta, check_epsilon, check_positive
+from jdp.validation import check_positive, check_privacy
 
 SAMPLINGS = ("poisson", "fixed")
 MECHANISMS = ("poisson", "fixed", "tree")
@@ -114,7 +114,7 @@ def theory_noise(epsilon: float, delta: float, n_tasks: int, steps: int, grad_bo
     al. 2019, Thm 3.1), kept for comparison; jdp still reports the ε that dp_accounting gives for the
     mechanism actually run with this σ.
     """
-    epsilon, delta = check_epsilon(epsilon), check_delta(delta)
+    epsilon, delta = check_privacy(epsilon, delta, n_tasks, unit="task")
     grad_bound = check_positive(grad_bound, "grad_bound")
     _check_counts(n_tasks, 1, steps)
     sigma = math.sqrt(8.0 * steps * grad_bound ** 2 * math.log(1.0 / delta) / (n_tasks ** 2 * epsilon ** 2))

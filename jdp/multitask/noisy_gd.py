@@ -35,7 +35,7 @@ import numpy as np
 from jdp.accounting import PrivacyReport, Release
 from jdp.data.interactions import check_unique_pairs
 from jdp.noise import add_gaussian, clip_by_norm
-from jdp.validation import check_positive
+from jdp.validation import check_positive, check_privacy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,6 +156,8 @@ def task_weighted_noisy_gd(key: jax.Array, task: np.ndarray, user: np.ndarray, x
         raise ValueError(f"user ids must lie in [0, n_users={n_users})")
     if np.min(task) < 0 or np.max(task) >= n_tasks:
         raise ValueError(f"task ids must lie in [0, n_tasks={n_tasks})")
+    if report is not None:  # the one rule (jdp.validation.check_privacy): δ < 1/n of the declared user id space
+        check_privacy(None, report.delta, n_users, unit=report.unit, delta_name="report.delta")
     check_unique_pairs(user, task, ("user", "task"), "task_weighted_noisy_gd")
     theta = jnp.zeros((n_tasks, d), jnp.float32) if init is None else init
     out = run(key, theta, task, user, clip_by_norm(jnp.asarray(x), clip_x),

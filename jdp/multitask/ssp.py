@@ -37,7 +37,7 @@ from jdp.accounting import PrivacyReport, Release, gaussian_event
 from jdp.data.interactions import check_unique_pairs
 from jdp.multitask import gram
 from jdp.noise import clip_by_norm, keyed_gram_noise
-from jdp.validation import check_positive
+from jdp.validation import check_positive, check_privacy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -336,6 +336,8 @@ def task_weighted_ssp(key: jax.Array, task: np.ndarray, user: np.ndarray, x: np.
         raise ValueError(f"user ids must lie in [0, {n_users})")
     check_positive(clip_x, "clip_x")
     check_positive(clip_y, "clip_y")
+    if report is not None:  # the one rule (jdp.validation.check_privacy): δ < 1/n of the declared user id space
+        check_privacy(None, report.delta, n_users, unit=report.unit, delta_name="report.delta")
     check_unique_pairs(user, task, ("user", "task"), "task_weighted_ssp")
     check_user_budget(user, weights, n_users, beta)
     noise = ssp_noise(noise_multiplier, beta, clip_x, clip_y, lam)

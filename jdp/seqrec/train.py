@@ -46,7 +46,7 @@ from jdp.seqrec import transitions as tr
 from jdp.seqrec.data import SeqData, item_presence
 from jdp.seqrec.evaluate import baseline_metrics, evaluate, evaluation_shapes, make_rank_fn_reatt
 from jdp.seqrec.models import NORMS, check_item_dim, make_loss_fn, make_model
-from jdp.validation import check_delta, check_epsilon, check_positive
+from jdp.validation import check_positive, check_privacy
 
 
 # Shorter windows (compute only): every length up to 8, then steps of ~25%, so a user's window wastes
@@ -117,9 +117,7 @@ class TrainConfig:
                                       # (ITEM_INIT_EPSILON_SHARE·ε, δ)
 
     def validate(self) -> None:
-        if self.epsilon is not None:
-            check_epsilon(self.epsilon)
-        check_delta(self.delta)
+        check_privacy(self.epsilon, self.delta, None, unit="user")  # δ < 1/n: in `sampling_plan`
         for name in ("epochs", "lr", "l2_clip", "hist_noise_multiplier"):
             check_positive(getattr(self, name), name)
         check_positive(self.weight_decay, "weight_decay", allow_zero=True)
@@ -194,7 +192,7 @@ def sampling_plan(data: SeqData, cfg: TrainConfig) -> tuple[int, float, int]:
         raise ValueError(f"n_users_public ({N}) must be >= the users in the data ({n_data})")
     if cfg.batch_size > N:
         raise ValueError(f"batch_size must be <= number of users ({N}), got {cfg.batch_size}")
-    check_delta(cfg.delta, num_units=N)
+    check_privacy(cfg.epsilon, cfg.delta, N, unit="user")  # the one rule: δ < 1/N of the declared users
     return N, cfg.batch_size / N, max(1, int(math.ceil(cfg.epochs * N / cfg.batch_size)))
 
 
@@ -514,8 +512,8 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     `checkpoint`: a file written every `checkpoint_every` steps (default: every epoch) and at the end,
     and resumed from when it exists (same data, config and key: the run continues as if never stopped; checked
     against the run record written beside it, `run_record`, before any work: ValueError otherwise).
-    `max_steps`: stop after this many steps of this call (the report still covers the whole planned
-    run, whose noise was calibrated for all `steps`); resume later from the checkpoint.
+    `max_steps`: stop after this many steps of this call (the noise was calibrated for all `steps`; the
+    report covers the steps that ran, see below); resume later from the checkpoint.
     `max_seconds`: stop after the first step that ends this many seconds after the call began (same
     meaning as `max_steps`: a checkpoint is written, the model is evaluated where it stopped).
     `time_budget_s` (`jdp seqrec --max-minutes`): stop at the last epoch boundary before this many seconds

@@ -25,7 +25,7 @@ import numpy as np
 from jdp import accounting, noise
 from jdp.seqrec import data as D
 from jdp.seqrec.evaluate import ndcg_hit_from_ranks
-from jdp.validation import check_delta, check_epsilon, check_positive
+from jdp.validation import check_positive, check_privacy
 
 HIST_NOISE_MULTIPLIER = 4.0  # the popularity release's noise std (per-user norm 1): top few hundred items stand out
 
@@ -121,8 +121,7 @@ def fit(data: D.SeqData, epsilon: float | None, delta: float, k: int, key: jax.A
     k, history, public_item_counts = _check(data, k, history, public_item_counts)
     if epsilon is None:
         return release(data, k, key, None, None, history=history, public_item_counts=public_item_counts)
-    epsilon = check_epsilon(epsilon)
-    delta = check_delta(delta, num_units=data.n_users)
+    epsilon, delta = check_privacy(epsilon, delta, data.n_users, unit="user")
     report = accounting.PrivacyReport(delta, unit="user", relation=accounting.ADD_OR_REMOVE_ONE)
     for vocab_release in data.vocab_releases:
         report.add_release(vocab_release)

@@ -211,7 +211,7 @@ def test_quality_ordering_on_small_data(small):
     data, _ = small
     als = rating_experiment(data, AltMinConfig(method="als", dim=4, steps=6, show_progress=False))["metrics"]
     assert als["rmse_test"] < als["rmse_zero_cost_test"] - 0.05 < als["rmse_prior_only_test"] - 0.05
-    hi = rating_experiment(data, AltMinConfig(method="dpals-uniform", epsilon=1e4, dim=4, steps=6, reg_scale=0.01,
+    hi = rating_experiment(data, AltMinConfig(method="dpals-uniform", epsilon=1e3, dim=4, steps=6, reg_scale=0.01,
                                               show_progress=False))["metrics"]
     assert hi["rmse_test"] < als["rmse_zero_cost_test"]  # huge ε: close to the non-private model
     for rmse in hi["sliced"]["rmse_test"]:
