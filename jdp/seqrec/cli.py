@@ -122,7 +122,8 @@ def register(subparsers) -> None:
     p.add_argument("--checkpoint", default=None, help="checkpoint file, written every epoch (resumed with --resume)")
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint (same data, config and --seed)")
     p.add_argument("--max-steps", type=int, default=None,
-                   help="stop after this many steps of this call (resume later; the report covers the planned run)")
+                   help="stop after this many steps of this call (resume later with --checkpoint; the report covers "
+                        "the steps that ran)")
     add_seed_arguments(p)
     p.add_argument("--time-limit", type=float, default=None,
                    help="stop after the step that ends this many seconds into training (like --max-steps; "
