@@ -92,6 +92,7 @@ def privacy_lines(privacy: dict | None) -> list[str]:
         lines.append(f"  {r['name']:<32} x{r.get('count', 1):<4} sens={sens:<10} noise={noise:<10} {kind}")
     eps = privacy.get("epsilon")
     lines.append("  total epsilon = " + ("not finite" if eps is None or not math.isfinite(eps) else f"{eps:.4f}"))
+    lines += [f"  WARNING: {w}" for w in privacy.get("warnings") or []]  # e.g. epsilon above LARGE_EPSILON
     for rel, e in (privacy.get("epsilon_by_relation") or {}).items():
         lines.append(f"  epsilon under {rel}: " + ("not defined" if e is None else f"{e:.4f}"))
     lines += [f"  assumes: {a}" for a in privacy.get("assumptions") or []]

@@ -105,8 +105,8 @@ def check_privacy(epsilon: float | None, delta: float, num_units: int | None, *,
                          f"guarantee, or run the non-private reference.")
     note = large_epsilon_warning(epsilon, unit)
     if note is not None:
-        warnings.warn_explicit(f"{epsilon_name}: {note}", UserWarning, __file__, 0, module=__name__,
-                               registry=_EPSILON_WARNINGS)
+        # the same text from every layer (a CLI's flag, then the library): printed once
+        warnings.warn_explicit(note, UserWarning, __file__, 0, module=__name__, registry=_EPSILON_WARNINGS)
     return epsilon, delta
 
 

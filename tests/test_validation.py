@@ -13,7 +13,7 @@ import pytest
 from jdp import accounting
 from jdp import meta as M
 from jdp.altmin import AltMinConfig, fit
-from jdp.cli import main
+from jdp.cli import main, privacy_lines
 from jdp.clipping import calibrate_noise_multiplier, dp_sgd
 from jdp.data import Interactions
 from jdp.multitask import noisy_gd, ssp
@@ -55,7 +55,7 @@ def test_epsilon_beyond_the_maximum_is_refused_and_a_large_one_warned():
     with pytest.raises(ValueError, match="above the largest target"):
         check_privacy(np.nextafter(MAX_EPSILON, np.inf), 1e-5, 10)
     with pytest.warns(UserWarning, match="above 30"):
-        assert check_privacy(MAX_EPSILON, 1e-5, 10, epsilon_name="eps_max_probe")[0] == MAX_EPSILON
+        assert check_privacy(MAX_EPSILON, 1e-5, 10)[0] == MAX_EPSILON
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         check_privacy(LARGE_EPSILON, 1e-5, 10)  # at the threshold: no warning
@@ -69,6 +69,7 @@ def test_report_above_large_epsilon_carries_a_warning():
     d = report.to_dict()
     assert len(d["warnings"]) == 1 and "above 30" in d["warnings"][0] and "one user" in d["warnings"][0]
     assert "WARNING: epsilon" in str(report)
+    assert any(line.startswith("  WARNING: epsilon") for line in privacy_lines(d))  # the CLIs' printed report
     small = accounting.PrivacyReport(1e-5, unit="user").add_gaussian("sum", 1.0, 5.0)
     assert "warnings" not in small.to_dict() and "WARNING" not in str(small)
 

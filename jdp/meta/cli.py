@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import pathlib
 import time
+import warnings as _warnings
 
 from jdp.cli import add_seed_arguments, no_out_hint, noise_seed, privacy_lines, write_result
 
@@ -72,8 +73,10 @@ def run(args) -> int:
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     private = args.algorithm not in ("nonprivate", "local")  # the library's rule, before the tasks are generated
-    check_privacy(args.epsilon if private else None, args.delta, args.n_tasks if private else None, unit="task",
-                  epsilon_name="--epsilon", delta_name="--delta")
+    with _warnings.catch_warnings():  # refusals here; its warnings come once, from the library's own call
+        _warnings.simplefilter("ignore", UserWarning)
+        check_privacy(args.epsilon if private else None, args.delta, args.n_tasks if private else None, unit="task",
+                      epsilon_name="--epsilon", delta_name="--delta")
     if not 0 < args.n_finetune:
         raise ValueError(f"--n-finetune must be >= 1, got {args.n_finetune}")
     if args.algorithm in ("meta-nsgd", "ftmrl") and args.q != 1:
