@@ -1,171 +1,186 @@
-"""Assembles benchmarks/README.md from a short header and the per-capability sections in sections/."""
+"""Writes benchmarks/README.md, the one-screen summary, from the result files (no number in it is typed by hand).
+
+    python -m benchmarks.render_readme            # rewrite benchmarks/README.md
+    python -m benchmarks.render_readme --check    # exit 1 when the committed README is not the rendered one
+
+Each capability has its folder (benchmarks/<capability>/: scripts, results/, README.md with the tables and the
+commands, NOTES.md with what was tried); the summary takes one or two headline rows from each folder's results/.
+The "paper" column quotes the papers (cited under the table); every "ours" cell is read from the JSON named in it.
+"""
 from __future__ import annotations
 
+import json
 import pathlib
+import sys
 
 HERE = pathlib.Path(__file__).resolve().parent
-ORDER = ["altmin", "data", "clipping", "seqrec", "selection", "meta", "accounting", "cli"]
+
+# (folder, title) in the order the summary lists them
+CAPABILITIES = [
+    ("altmin", "DP alternating minimization and multi-task SSP"),
+    ("clipping", "fast per-example clipping"),
+    ("seqrec", "DPFormer: DP sequential recommendation"),
+    ("selection", "private selection with heterogeneous sensitivities"),
+    ("meta", "task-level DP meta-learning"),
+    ("privacy", "accounting and the privacy audit"),
+    ("data", "data generation and readers"),
+    ("cli", "time to a first result"),
+]
+
+# Numbers the papers publish (quoted, not measured here); "—" where a paper gives none.
+PAPER = {
+    "clipping_ratio": "≈ 1.47 (V100; DPFormer paper)",
+    "seqrec_eps8": "1.98 / 1.54 (DPFormer paper, Table 2)",
+}
+
+
+def _load(cap: str, name: str) -> dict:
+    return json.loads((HERE / cap / "results" / name).read_text())
+
+
+def _src(cap: str, *names: str) -> str:
+    return ", ".join(f"[{n}]({cap}/results/{n})" for n in names)
+
+
+def _altmin() -> list[tuple]:
+    name = "altmin_quality_ml_100k_defaults.json"
+    rows = _load("altmin", name)["summary"]
+
+    def rmse(label, eps):
+        return next(r["rmse_test_mean"] for r in rows if r["label"] == label and r["epsilon"] == eps)
+
+    zero = next(r["rmse_zero_cost_mean"] for r in rows if r["label"] == "ada-dpals" and r["epsilon"] == 1.0)
+    ours = (f"AdaDPALS {rmse('ada-dpals', 1.0):.4f}, AdaDPSGD {rmse('ada-dpsgd', 1.0):.4f}; zero-cost model "
+            f"{zero:.4f}, non-private ALS {rmse('non-private ALS, tuned on validation', None):.4f}")
+    return [("test RMSE, MovieLens-100K, ε = 1 (user-level), library defaults", "—", ours, _src("altmin", name))]
+
+
+def _clipping() -> list[tuple]:
+    out = []
+    name = "clipping_chunked_b1024_onepiece.json"  # the current engine (chunks of 4 at this vocabulary)
+    rows = {r["method"]: r for r in _load("clipping", name)["results"]}
+    dp, base = rows["jdp-auto"], rows["nonprivate"]
+    out.append(("DP step ÷ non-private step, DPFormer-size model (vocab 23,715), B = 1024", PAPER["clipping_ratio"],
+                f"{dp['step_seconds'] / base['step_seconds']:.2f} at "
+                f"{dp['peak_memory_bytes'] / base['peak_memory_bytes']:.3f}× the memory (2-core CPU)", _src("clipping", name)))
+    name = "clipping_b256_jax_privacy.json"
+    rows = {r["method"]: r for r in _load("clipping", name)["results"]}
+    out.append(("speed-up over jax_privacy's clipped gradient (same model, B = 256)", "—",
+                f"{rows['jax_privacy']['step_seconds'] / rows['jdp-auto']['step_seconds']:.0f}×", _src("clipping", name)))
+    return out
+
+
+def _seqrec() -> list[tuple]:
+    names = ["seqrec_amazon_dpformer_eps8_ep100.json", "seqrec_amazon_transformer_eps8_ep100.json"]
+    runs = [_load("seqrec", n) for n in names]
+    ndcg = " / ".join(f"{100 * r['metrics']['ndcg_at_10_test']:.2f}" for r in runs)
+    pop = 100 * runs[0]["baselines"]["popularity"]["ndcg_at_10_test"]
+    out = [("NDCG@10 %, Amazon Games, ε = 8, 100 epochs: DPFormer / Transformer", PAPER["seqrec_eps8"],
+            f"{ndcg} (popularity of the release {pop:.2f})", _src("seqrec", *names))]
+    names = ["seqrec_amazon_dpformer_eps8_ep100_itemstart.json", "seqrec_amazon_transformer_eps8_ep100_itemstart.json"]
+    runs = [_load("seqrec", n) for n in names]
+    ndcg = " / ".join(f"{100 * r['metrics']['ndcg_at_10_test']:.2f}" for r in runs)
+    out.append(("the same, item table started from one transition release (beyond the paper)", "—", ndcg,
+                _src("seqrec", *names)))
+    return out
+
+
+def _selection() -> list[tuple]:
+    name = "selection_speed.json"
+    ratios = _load("selection", name)["ratios"]["vs_diffprivlib_exponential_reused_k100"]
+    speed = ", ".join(f"{m} {ratios[m]:.0f}×" for m in ("mgem", "em", "combined-gem"))
+    syn = "selection_synthetic.json"
+    checks = [v for per_eps in _load("selection", syn)["orderings"].values() for v in per_eps.values()]
+    return [("selections per second ÷ diffprivlib's exponential mechanism (k = 100)", "—", speed, _src("selection", name)),
+            ("orderings of mechanisms the paper states, synthetic scenarios", "qualitative",
+             f"{sum(checks)} of {len(checks)} reproduced", _src("selection", syn))]
+
+
+def _meta() -> list[tuple]:
+    name = "meta_transfer_risk.json"
+    res = _load("meta", name)
+
+    def pick(rows):
+        return [r for r in rows if r["generator"] == "authors" and r["epsilon"] == 10.0 and r["n_tasks"] == 700
+                and r["q"] == 2]
+
+    ours = next(r for r in pick(res["results"]) if r["method"] == "private clustering" and r["sampling"] == "poisson")
+    theirs = next(r for r in pick(res["paper_reference"]) if r["method"].startswith("authors' notebook"))
+    return [("transfer risk, authors' generator, N = 700 tasks, q = 2, ε = 10 (add/remove one task)",
+             f"{theirs['transfer_risk']:.3f} (authors' notebook)", f"{ours['transfer_risk']:.3f}",
+             _src("meta", name))]
+
+
+def _privacy() -> list[tuple]:
+    name = "privacy_audit.json"
+    rows = _load("privacy", name)["results"]
+    honest = [r for r in rows if r["variant"] == "honest"]
+    broken = [r for r in rows if r["variant"] != "honest"]
+    above = sum(r["violated"] for r in honest)
+    return [("empirical lower bound on ε (canaries, 95%) vs the reported ε", "—",
+             f"{len(honest) - above} of {len(honest)} honest audits at or below their ε; "
+             f"{sum(r['violated'] for r in broken)} of {len(broken)} broken variants caught", _src("privacy", name))]
+
+
+def _data() -> list[tuple]:
+    name = "data_generation.json"
+    r = next(r for r in _load("data", name)["results"] if r["task"] == "planted_powerlaw" and r.get("size") == "ml20m")
+    return [("generate an ML-20M-size long-tailed rating set (`planted_powerlaw`)", "—",
+             f"{r['seconds']:.1f} s, {r['peak_rss_gb']:.2f} GB peak", _src("data", name))]
+
+
+def _cli() -> list[tuple]:
+    name = "cli_first_run.json"
+    rows = _load("cli", name)["results"]
+    slow = max(rows, key=lambda r: r["first_run_seconds"])
+    return [("first run of each command's smallest documented run (empty compilation cache)", "—",
+             f"≤ {slow['first_run_seconds']:.1f} s (slowest: `{slow['command']}`; target {slow['target_seconds']:.0f} s)",
+             _src("cli", name))]
+
+
+ROWS = {"altmin": _altmin, "clipping": _clipping, "seqrec": _seqrec, "selection": _selection, "meta": _meta,
+        "privacy": _privacy, "data": _data, "cli": _cli}
+
 HEADER = """# jdp benchmarks
 
-Every script writes `results/<name>.json` with the command, git commit, device, library versions and
-the rows behind each table (and a PNG where a picture helps). Run them from the repository root with
-`PYTHONPATH=. python -m benchmarks.<script>`; each section names its commands. Speed is always reported
-as ratios against a baseline measured in the same process (machines are noisy); absolute numbers
-here come from a 2-core CPU that was shared with other jobs while they ran, unless a section says
-otherwise. Paper numbers are shown beside ours where the papers give them, including where we fall
-short.
-
-## Summary
-
-Headline numbers per capability (details, commands and every table in the linked section; the full
-run-by-run data in `results/*.json`):
+One folder per capability: its scripts, its `results/` (JSON with the command, git commit, device and library
+versions behind every number, and a PNG where a picture helps), a page with the current tables and the commands that
+rerun them (`README.md`), and a page of what was tried on the way (`NOTES.md`). Run a script from the repository root
+as `PYTHONPATH=. python -m benchmarks.<capability>.<script>`. Speed is reported as ratios against a baseline measured
+in the same process; the device of each run is in its JSON and on its page. This page is generated from the result
+files by `python -m benchmarks.render_readme`.
 
 """
 
-# One row per capability's headline number(s): (capability, measure, paper, ours, ours ÷ paper, section).
-# Every number is copied from the section named in the last column (and its results/*.json); "not in
-# paper" where the paper gives no such number. Keep them in step when a section is re-run.
-SUMMARY = [
-    ('altmin',
-     'test RMSE of AdaDPSGD / AdaDPALS (library defaults), MovieLens-100K, ε = 1 / 5 / 20, user-level',
-     'not in paper',
-     'AdaDPSGD 1.0053 / 0.9642 / 0.9463, AdaDPALS 1.0233 / 0.9691 / 0.9466 (zero-cost model 1.0445, every '
-     'method within 0.0007 of it at ε = 0.1; non-private ALS 0.9133)',
-     '—',
-     'altmin'),
-    ('altmin',
-     'non-private ALS test RMSE, ML10M',
-     '0.7772',
-     'no ML10M file here: 0.7379 on an ML10M-size synthetic calibrated to MovieLens',
-     'not comparable',
-     'altmin'),
-    ('altmin',
-     'adaptive weights vs tail sampling at ε = 1, tail buckets',
-     '≥ 21.6% / 23.7% better (ML10M, buckets 0 / 1)',
-     'AdaDPALS vs tail: +0.17% (ML-100K, buckets 0-1), +0.20% (ML10M-size synthetic); AdaDPSGD vs uniform:'
-     ' +0.20% (ML-100K), +2.83% (ML10M-size synthetic)',
-     '< 0.13 (different data)',
-     'altmin'),
-    ('altmin',
-     'one AdaDPALS step at ML-20M scale, d = 64, 2-core CPU',
-     'not in paper',
-     '11.2 s on a CPU at 275 GFLOP/s dense (9.5 s on one at 183, 9.1 s at 309, 10.8 s at 192; target ≤ 10 s); user '
-     'solves 7.1 s of it; Gram at 18% of dense matmul (target 50%; XLA\'s batched matmul alone over the same '
-     'classes 27%, numpy\'s BLAS on them 26% of its own dense rate, MKL\'s batched GEMM, the fastest kernel found, '
-     '31% of its own: the target is above every library here), 26× segment_sum; 9.6 s compile once',
-     '—',
-     'altmin'),
-    ('data',
-     'generate an ML20M-size long-tailed rating set (`planted_powerlaw`)',
-     'not in paper',
-     '6.9 s, 0.56 GB peak (target < 30 s, < 4 GB)',
-     '—',
-     'data'),
-    ('clipping',
-     'DP step time ÷ non-private, DPFormer-size model (vocab 23,715, B = 1024)',
-     '≈ 1.47 (trains at ~0.68× non-private speed, V100)',
-     '0.48 at 0.012× the memory (idle 2-core CPU, batch in chunks of 4 by default; whole batch 1.00–1.28);'
-     ' clipped gradient 2.3–2.8× on an H100',
-     'different hardware',
-     'clipping'),
-    ('clipping',
-     'speed-up over jax_privacy `clipped_grad` (same model, B = 256)',
-     'not in paper',
-     '54× (jax_privacy runs out of 24 GB at B = 1024)',
-     '—',
-     'clipping'),
-    ('seqrec',
-     'NDCG@10 % on Amazon Games at ε = 8, DPFormer / vanilla Transformer',
-     '1.98 / 1.54 (100 tuned epochs)',
-     '1.08 / 1.10 (100 epochs, lr 3e-3, 1 seed; popularity of the release: 1.14); 1.125 / 1.128 (20 epochs, 2 seeds)',
-     '0.55 / 0.71',
-     'seqrec'),
-    ('seqrec',
-     'NDCG@10 % on Amazon Games at ε = 8, item table started from one transition release (beyond the paper), '
-     'DPFormer / vanilla Transformer',
-     'not in paper',
-     '1.69, 1.72 / 1.57, 1.62 (20 epochs, default σ_T 1.21, seeds 0, 1; the first version of the start 1.36 / 1.22; random start 1.14 / 1.14); 1.61 / 1.50 (100 epochs, seed 0); 1.63 / 1.44 (seed 1, stopped at 87.7 / 39.6 of 100 epochs)',
-     '—',
-     'seqrec'),
-    ('seqrec',
-     'NDCG@10 % on Amazon Games at ε = 5 / 10, DPFormer',
-     '1.64 / 1.99 (100 tuned epochs)',
-     '1.11 / 1.11 (GPU, stopped at 71 / 70 of 100 epochs, 1 seed; popularity of the release: 1.14); 1.11 / 1.14 (20 epochs);'
-     ' 1.30, 1.27 / 1.83, 1.83 (20 epochs, item table started from one transition release, beyond the paper, seeds 0, 1; vanilla 1.27, 1.25 / 1.69, 1.71, seeds 0, 1)',
-     '0.68 / 0.56; item start 0.79, 0.77 / 0.92, 0.92',
-     'seqrec'),
-    ('seqrec',
-     'NDCG@10 % on Amazon Games at ε = 8, GRU / LSTM baselines',
-     '1.33 / 1.23 (100 tuned epochs)',
-     '1.28 / 1.27 (100 epochs, lr 3e-3, GPU, mean of 2 seeds)',
-     '0.96 / 1.03',
-     'seqrec'),
-    ('seqrec',
-     'NDCG@10 % on Amazon Games at ε = 5 / 10, GRU baseline',
-     '1.13 / 1.47 (100 tuned epochs)',
-     '1.26 / 1.32 (100 epochs, lr 3e-3, GPU, 1 seed)',
-     '1.12 / 0.90',
-     'seqrec'),
-    ('seqrec',
-     'DP-SGD epoch ÷ non-private epoch (Amazon Games, full softmax, B = 1024)',
-     'not in paper',
-     '1.19 / 1.26 (two runs with both in one process, 2-core CPU, since f9a978c; 1.28 with the engine before it, same day); '
-     '1.24 / 0.91 with each in its own process (3 rounds: 1.09-1.34; 1 round; 1.25-1.45 before f9a978c); target ≤ 1.3',
-     '—',
-     'seqrec'),
-    ('selection',
-     'orderings of mechanisms the paper states, on synthetic scenarios',
-     "qualitative (the paper's tables were not recoverable)",
-     '12 of 14 reproduced',
-     '—',
-     'selection'),
-    ('selection',
-     "selections per second ÷ diffprivlib's exponential mechanism (k = 100)",
-     'not in paper',
-     'mGEM 15×, EM 60×, combined GEM 10× (float64 samplers; first call compiles in 0.3–1.4 s)',
-     '—',
-     'selection'),
-    ('meta',
-     "transfer risk, authors' generator, N = 700 tasks, q = 2, ε = 10 (add/remove one task)",
-     "2.022 (authors' notebook)",
-     '1.994',
-     '0.99',
-     'meta'),
-    ('meta',
-     'transfer risk, single cluster, ε = 1, N = 700: meta-NSGD vs best local training',
-     'not in paper',
-     '3.08 vs 14.05',
-     '—',
-     'meta'),
-    ('privacy_audit',
-     'empirical lower bound on ε from canaries (95% confidence) vs the reported ε, every audited routine and 10 '
-     'deliberately broken variants',
-     'not in paper',
-     'every honest routine at or below its ε (DP-SGD at ε = 2: 1.42 from 4·10⁶ runs; selection exact: kRR, PF, '
-     'RNM-exp attain ε); 9 of 10 broken variants caught (DP-SGD without clipping 5.10, half the noise 2.91, old '
-     'engine on the float32-cancellation canary 3.92; the one-run audit misses half the noise)',
-     '—',
-     'privacy_audit'),
-]
+FOOTER = """
+The paper column quotes DPFormer (Re-Attention, phantom clipping) for the clipping and seqrec rows; the meta row's
+reference is the figure the authors' notebook prints (recorded in the result file). Each page shows our numbers
+beside the papers' where the papers give them, including where we fall short.
+"""
 
 
-def summary_table() -> str:
-    lines = ["| capability | measure | paper | ours | ours ÷ paper |", "|---|---|---|---|---|"]
-    for cap, measure, paper, ours, ratio, anchor in SUMMARY:
-        lines.append(f"| [{cap}](#{anchor}) | {measure} | {paper} | {ours} | {ratio} |")
-    return "\n".join(lines)
+def render() -> str:
+    lines = [HEADER.rstrip("\n"), "", "| capability | measure | paper | ours | from |", "|---|---|---|---|---|"]
+    for cap, _ in CAPABILITIES:
+        for measure, paper, ours, src in ROWS[cap]():
+            lines.append(f"| [{cap}]({cap}/README.md) | {measure} | {paper} | {ours} | {src} |")
+    lines += ["", "Pages: " + " · ".join(f"[{cap}]({cap}/README.md) ({title}; [notes]({cap}/NOTES.md))"
+                                        for cap, title in CAPABILITIES) + "."]
+    return "\n".join(lines) + "\n" + FOOTER
 
 
-def main() -> None:
-    present = [n for n in ORDER if (HERE / "sections" / f"{n}.md").exists()]
-    present += sorted(p.stem for p in (HERE / "sections").glob("*.md") if p.stem not in ORDER)
-    body = [HEADER + summary_table() + "\n\nSections: " + ", ".join(f"[{n}](#{n})" for n in present) + ".\n"]
-    for name in present:
-        text = (HERE / "sections" / f"{name}.md").read_text().strip()
-        body.append(f'<a id="{name}"></a>\n\n{text}\n')
-    (HERE / "README.md").write_text("\n".join(body))
-    print("wrote", HERE / "README.md")
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    text, path = render(), HERE / "README.md"
+    if "--check" in argv:
+        same = path.exists() and path.read_text() == text
+        print("benchmarks/README.md is up to date" if same else "benchmarks/README.md differs: run "
+              "`python -m benchmarks.render_readme`")
+        return 0 if same else 1
+    path.write_text(text)
+    print("wrote", path)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

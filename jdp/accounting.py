@@ -334,7 +334,7 @@ def calibrate(make_event: Callable[[float], dpe.DpEvent], epsilon: float, delta:
     over every order. The root is then accounted over every order: the same ε means the same root; otherwise
     Brent repeats below it. Most of the accountant's time went into orders far from the optimum (a 16-step
     DP-SGD run's σ: 14 calls over 159 orders, 1.4-1.6 s, some orders not converging; 1.5× less time over
-    the packages' event shapes, `benchmarks/accounting_calibration.py`).
+    the packages' event shapes, `benchmarks/privacy/calibration.py`).
     """
     epsilon, delta, relation = check_epsilon(epsilon), check_delta(delta), check_relation(relation)
     if epsilon > MAX_EPSILON:  # refused before any accounting: such a search ends at the bracket's end anyway

@@ -14,7 +14,7 @@ up to 2 GiB of freed memory for reuse (mallopt M_ARENA_MAX = 1, M_MMAP_MAX = 0, 
 MALLOC_TRIM_THRESHOLD_=2147483647. It acts on threads created afterwards: call it before the first JAX
 computation (JAX starts its CPU worker threads then); `jdp` commands call it when `JDP_HOST_MALLOC=reuse`.
 
-Opt-in, because it is not free. Measured on the same host (`benchmarks/seqrec_speed.py`, one Amazon Games
+Opt-in, because it is not free. Measured on the same host (`benchmarks/seqrec/speed.py`, one Amazon Games
 epoch): non-private 38.2 s instead of 62.7 s; DP-SGD 54.1 s in one pass per physical chunk (73.1 s without),
 while the clipping engine's default chunks of a few users run slower with it (71.5 s vs 52.9 s), so DP gains
 nothing at its best setting. XLA compilation, whose threads then share one arena, took 25-35% longer (the

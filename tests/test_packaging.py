@@ -61,7 +61,7 @@ _BARE_NAME_EXTRA = re.compile(r"""(?<![\w.-])jdp\[""")
 
 def _user_facing_texts():
     paths = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "notebooks").glob("*.ipynb")),
-             *sorted((ROOT / "jdp").rglob("*.py")), *sorted((ROOT / "benchmarks").glob("*.md")), ROOT / "Makefile"]
+             *sorted((ROOT / "jdp").rglob("*.py")), *sorted((ROOT / "benchmarks").rglob("*.md")), ROOT / "Makefile"]
     return [p for p in paths if p.is_file()]
 
 

@@ -13,7 +13,7 @@ attack may be weak. Each auditor takes deliberately broken variants too, to show
                  sampled audit of `select`; variants "half-noise", "monotone-misdeclared" (and the non-private RNMH).
 * `altmin`     — DP alternating minimization (`jdp.altmin.fit`): canary users; variant "no-noise".
 
-Benchmark: `python -m benchmarks.privacy_audit` (table in benchmarks/README.md); method and limits in
+Benchmark: `python -m benchmarks.privacy.audit` (table in benchmarks/privacy/README.md); method and limits in
 docs/privacy.md (section "Auditing").
 """
 from jdp.audit.altmin import audit_altmin

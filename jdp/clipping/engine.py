@@ -441,7 +441,7 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
         "auto" (default): on CPU, chunks whose per-example state (recorded layer inputs and output
         gradients, raw products, fallback gradients) is about CPU_CHUNK_BYTES, at least MIN_CHUNK examples
         (cache-sized: faster and smaller on the CNN, RNN and Transformer models of
-        `benchmarks/clipping_external.py`), and fewer where the per-example gradients that the mixed rule
+        `benchmarks/clipping/external.py`), and fewer where the per-example gradients that the mixed rule
         instantiates would not fit `memory_limit` at once (formed in one piece, they are weighted for the
         clipped sum instead of a second product over their factors); on GPU/TPU the whole batch.
         None: the whole batch; an int: that many examples. With group_ids the whole batch (a unit's examples

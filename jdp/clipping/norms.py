@@ -241,7 +241,7 @@ def lookup_sq_norms(ids: jax.Array, R: jax.Array) -> tuple[jax.Array, int]:
 # Longest window at which the Gram of factors as recorded (not zeroed) is a plain einsum: with no zeroing
 # pass to ride on, the [B,P,T] copy below is extra traffic. In seqrec's DP step (interleaved A/B, 2 Poisson
 # samples' chunks of windows 5-20) the einsum up to 32 beat the copy from 9 on: windows 12 / 20 at 1.03 /
-# 1.04x the non-private passes against 1.16 / 1.22x (benchmarks/README.md#seqrec).
+# 1.04x the non-private passes against 1.16 / 1.22x (benchmarks/seqrec/README.md).
 RAW_GRAM_EINSUM_MAX_T = 32
 
 
@@ -256,7 +256,7 @@ def _gram(X: jax.Array, zeroed: bool = True) -> jax.Array:
     run on YNNPACK (jax 0.10) the plain einsum is faster in isolation up to T ~ 32, but inside seqrec's DP
     step on zeroed factors only at T <= 3: four interleaved A/Bs there, the last over 6 Poisson steps x 3
     rounds, took its length-3 chunks 12-15% and its length-2 chunks 4-5% faster, about 2% of the step
-    (benchmarks/README.md#seqrec). On factors as recorded it is the einsum up to RAW_GRAM_EINSUM_MAX_T."""
+    (benchmarks/seqrec/README.md). On factors as recorded it is the einsum up to RAW_GRAM_EINSUM_MAX_T."""
     T, P = X.shape[1], X.shape[2]
     if T <= 3 or P <= 4 * T or (not zeroed and T <= RAW_GRAM_EINSUM_MAX_T):  # (P ≤ 4T: no gain from the layout)
         return jnp.einsum("btp,bup->btu", X, X)

@@ -759,7 +759,7 @@ def _scan_leaves_cheaper_whole(raw: Sequence[tuple[int, RawMatmul]], leaves: Seq
     decision for all its kernels: any fallback leaf already costs a per-example backward through the scan),
     tapping records each product's activation and output gradient at every iteration (length × (activation +
     output) elements per example), the fallback accumulates per-example gradients of the kernels' size.
-    `benchmarks/clipping_rnn.py` (time relative to non-private): hidden 64 over 50 steps, tapped 2.9× (packed
+    `benchmarks/clipping/rnn.py` (time relative to non-private): hidden 64 over 50 steps, tapped 2.9× (packed
     OptimizedLSTMCell kernels 4.0×) vs fallback 2.4× → fallback; hidden 128: tapped 2.4× vs 6.1× → tapped; hidden
     512 over 8 steps: 0.9× vs 16.8× → tapped."""
     recorded: dict[int, int] = {}

@@ -11,7 +11,7 @@ counts break ties (a user without a candidate in that window gets the popularity
 items outside the candidates rank last.
 
 It exists because DP-SGD on a 23,716-row item table learns little beyond popularity at these ε
-(benchmarks/README.md#seqrec): one release pools every user's transitions into the rows that carry them.
+(benchmarks/seqrec/README.md): one release pools every user's transitions into the rows that carry them.
 """
 from __future__ import annotations
 

@@ -65,7 +65,7 @@ def test_tune_private_accounts_every_candidate_and_the_choice():
 
 def test_nonprivate_tuning_is_declared_in_benchmark_reports():
     """Audit item 11: rows whose setting was picked on validation data say so in their privacy report."""
-    from benchmarks.altmin_quality import _tagged
+    from benchmarks.altmin.quality import _tagged
     report = PrivacyReport(1e-5).add_gaussian("x", 1.0, 2.0)
     row = _tagged({"epsilon": 1.0, "privacy": report.to_dict()}, "d", {"dim": 4})
     assert NONPRIVATE_TUNING in row["privacy"]["assumptions"]
