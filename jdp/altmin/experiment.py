@@ -7,7 +7,7 @@ never do worse than the latter.
 Validation RMSE uses user embeddings solved on train; test RMSE re-solves them on train ∪ valid, as
 in the reference protocol. Buckets: items sorted by TRAINING count, 5 equal-size buckets (tail
 first); evaluation statistics are not released by the mechanism. The model's public sizes are
-`data.n_users` / `data.n_items` (declared by whoever built `data`; see `jdp.altmin.model`); the
+`data.n_users` / `data.n_items` (declared by whoever built `data`; see `jdp.altmin.train`); the
 exact `nnz` in "data_shape" and the metrics are evaluation outputs, not part of the private release.
 Duplicate (user, item) rows in `data` raise ValueError; with `cfg.merge_duplicates` they are merged
 BEFORE splitting, so no pair is in both train and test.
@@ -19,7 +19,9 @@ import time
 
 import numpy as np
 
-from jdp.altmin.model import AltMinConfig, fit, zero_cost_model
+from jdp.altmin.config import AltMinConfig
+from jdp.altmin.train import fit, zero_cost_model
+from jdp.altmin.tuning import fit_tuned
 from jdp.data import Interactions, check_unique_pairs, concat, split_ratings
 from jdp.metrics import popularity_buckets, rmse, sliced_rmse
 
@@ -29,7 +31,9 @@ def rating_experiment(data: Interactions, cfg: AltMinConfig, seed: int | None = 
     """Fits `cfg` on an 80/10/10 split of `data` and returns a JSON-ready result row.
 
     `seed` is the noise seed (None: fresh OS entropy; the one used is in the row); `split_seed` the
-    public randomness of the split. `tune="private"` tunes privately on the validation part (`fit`)."""
+    public randomness of the split. `tune="private"` tunes privately on the validation part (`fit_tuned`)."""
+    if tune not in (None, "private"):
+        raise ValueError(f"tune must be None or 'private', got {tune!r}")
     if cfg.merge_duplicates:
         data = data.merge_duplicates()
     else:  # checked on the whole data: whether copies land in train must not depend on the split
@@ -37,7 +41,7 @@ def rating_experiment(data: Interactions, cfg: AltMinConfig, seed: int | None = 
                            "AltMinConfig(merge_duplicates=True) merges each pair into its mean rating")
     train, valid, test = split_ratings(data, (0.8, 0.1, 0.1), seed=split_seed)
     t0 = time.perf_counter()
-    model = fit(train, cfg, seed=seed, tune=tune, valid=valid if tune else None)
+    model = fit_tuned(train, cfg, seed, valid) if tune else fit(train, cfg, seed)
     fit_seconds = time.perf_counter() - t0
     buckets = popularity_buckets(train.item_counts())
     t1 = time.perf_counter()

@@ -28,13 +28,17 @@ import dp_accounting
 import numpy as np
 
 from jdp.accounting import ADD_OR_REMOVE_ONE, PrivacyReport, calibrate
-from jdp.altmin.model import AltMinConfig, AltMinModel, candidate_event, fit
-from jdp.data import Interactions
+from jdp.altmin.config import AltMinConfig
+from jdp.altmin.plan import candidate_event
+from jdp.altmin.train import AltMinModel, checked_config, fit
+from jdp.data import Interactions, split_ratings_by_pair_hash
 from jdp.noise import resolve_seed, seeded_key
 from jdp.selection.tuning import select_configuration, selection_event
 from jdp.validation import check_positive, check_privacy
 from jdp.validation import check_open_unit
 
+TUNE_SPLIT_SEED = 0  # fit_tuned without valid: the train/valid split (public randomness, never noise)
+TUNE_VALID_FRACTION = 0.1  # fit_tuned without valid: each row goes to valid with this probability
 
 @dataclasses.dataclass
 class TunedModel:
@@ -74,7 +78,7 @@ def run_epsilon(configs: Sequence[AltMinConfig], epsilon: float, delta: float, n
 
 
 def public_grid(cfg: AltMinConfig) -> tuple[AltMinConfig, ...]:
-    """The default candidate grid of `fit(..., tune="private")` around `cfg`, fixed before seeing any data:
+    """The default candidate grid of `fit_tuned` around `cfg`, fixed before seeing any data:
     `cfg` itself, the factor ridge ×1/2 and ×4, and the per-user budget k ×1/2 and ×2. Every candidate keeps
     the rank rule of `default_dim` at its own (smaller) ε_run unless cfg sets dim, so each candidate
     degrades gracefully on its own: even a chance choice (the selection is nearly uniform when ε_sel is
@@ -101,7 +105,7 @@ def tune_private(train: Interactions, valid: Interactions, configs: Sequence[Alt
         raise ValueError("configs must all be private methods ('als' is the non-private reference)")
     if any(c.sample_rate != 1.0 for c in configs):  # pure-DP selection + subsampled events: no joint accountant
         raise ValueError("tune_private supports full-batch configs only (sample_rate = 1)")
-    ranges = {tuple(c.rating_range) for c in configs}
+    ranges = {c.scale for c in configs}
     if len(ranges) != 1:
         raise ValueError(f"configs must share one public rating_range, got {sorted(ranges)}")
     if valid.n_users != train.n_users or valid.n_items != train.n_items:
@@ -124,4 +128,29 @@ def tune_private(train: Interactions, valid: Interactions, configs: Sequence[Alt
     return TunedModel(models[index], index, configs, report, eps_run, np.asarray(scores), seed)
 
 
-__all__ = ["TunedModel", "public_grid", "run_epsilon", "tune_private", "user_validation_losses"]
+def fit_tuned(train: Interactions, cfg: AltMinConfig, seed: int | None = None,
+              valid: Interactions | None = None) -> AltMinModel:
+    """`fit` with the ridge scale / budget picked from `public_grid(cfg)` privately (`tune_private`: every candidate
+    run and the selection in one report of total cfg.epsilon), scoring on `valid` (default: about 10% of the rows
+    of `train`, each row chosen by a keyed hash of its own (user, item) pair with the public split seed 0,
+    `jdp.data.split_ratings_by_pair_hash`, so that adding or removing a user moves no other user's rows; the
+    candidates are fitted on the other rows). The returned model's report covers the whole tuning.
+    Unit, relation, public sizes and `seed` as in `fit`."""
+    cfg = checked_config(train, cfg)
+    if not cfg.private:
+        raise ValueError("tune='private' tunes a private method; 'als' is the non-private reference")
+    if valid is None:
+        # per-row keyed split: one user's rows never move another user's rows between the parts, so
+        # neighbouring inputs stay neighbouring (train, valid) pairs, as tune_private's analysis assumes
+        train, valid = split_ratings_by_pair_hash(train, TUNE_VALID_FRACTION, seed=TUNE_SPLIT_SEED)
+    tuned = tune_private(train, valid, public_grid(cfg), epsilon=cfg.epsilon, delta=cfg.delta, seed=seed)
+    model = tuned.model
+    model.report, model.seed = tuned.report, tuned.seed
+    model.report.assume(f"rank / ridge chosen privately from a public grid of {len(tuned.configs)} "
+                        f"(candidate {tuned.index}: dim={model.config.dim}, reg_scale={model.config.reg_scale:g}, "
+                        f"budget={model.config.budget})")
+    return model
+
+
+__all__ = ["TUNE_SPLIT_SEED", "TUNE_VALID_FRACTION", "TunedModel", "fit_tuned", "public_grid", "run_epsilon",
+           "tune_private", "user_validation_losses"]

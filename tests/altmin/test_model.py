@@ -374,7 +374,7 @@ def test_narrow_user_designs_are_solved_from_segment_sums_with_the_same_solution
     segment-sum solves equal the class-layout ones, compile no `solve_tasks` program, and the zero-cost model's
     solves share the rank-0 predictions' program (its scale column is zero: a_u = 1, b_u unchanged)."""
     import math
-    import jdp.altmin.model as model_module
+    import jdp.altmin.users as model_module
     from jdp.altmin import UserSolver
     from jdp.altmin.model import zero_cost_model
     from jdp.multitask.ssp import _solve_tasks

@@ -23,7 +23,7 @@ import pytest
 
 from jdp.accounting import PrivacyReport
 from jdp.altmin import AltMinConfig, Method, fit
-from jdp.altmin import model as altmin_model
+from jdp.altmin import updates as altmin_model
 from jdp.data import Interactions
 from jdp.multitask import counts as counts_mod
 from jdp.multitask import gram, noisy_gd

@@ -172,7 +172,7 @@ def test_tail_sample_kept_counts_worst_case_user_within_recorded_sensitivity(rat
     counts that choose the sample, the other users' kept sets do not depend on a user, and a user keeps at most k
     distinct items, so adding the heaviest user moves the kept counts by exactly √k in L2, the sensitivity the
     report records; and the fit releases those counts, not the raw ones, to its step caps."""
-    from jdp.altmin import model as altmin_model
+    from jdp.altmin import updates as altmin_model
     k = 5
     cfg = _cfg("dpsgd-tail", budget=k)
     plan = plan_run(cfg, ratings.n_users, ratings.n_items)
@@ -357,7 +357,7 @@ def test_ssp_label_norm_clip_worst_case_user_within_recorded_sensitivity():
 def test_fit_bounds_every_users_label_norm_before_the_ssp_item_update(ratings, monkeypatch):
     """`fit` hands the SSP item update labels with √(Σ_i w_ij² y_ij²) ≤ cfg.label_norm for EVERY user, the bound
     its recorded b release assumes (sensitivity Γx·L), including a user who rates every item at an extreme (residuals at the per-rating clip)."""
-    from jdp.altmin import model as altmin_model
+    from jdp.altmin import updates as altmin_model
     data = _with_rows(ratings, np.full(ratings.n_items, ratings.n_users), np.arange(ratings.n_items),
                       np.where(np.arange(ratings.n_items) % 2 == 0, 0.5, 5.0), n_users=ratings.n_users + 1)
     seen = []
@@ -622,14 +622,14 @@ def test_rank0_gram_is_released_once_and_every_step_reuses_it(ratings, method):
     """Rank 0, three steps: the report lists ONE A release (at √(Γb/τ₀)·σ) and three b releases, the
     composition is exactly that, and every step's released Â is bit for bit the first step's (the item update
     checks it) while b̂ moves with the user biases."""
-    from jdp.altmin import model as altmin_model
+    from jdp.altmin import updates as altmin_model
     from jdp.altmin.model import bias_gram_noise_ratio
     seen = []
     original = altmin_model._RidgeItemUpdate._solve
 
     def spy(self, feats, classes, key, *prior):
         out = original(self, feats, classes, key, *prior)
-        seen.append(np.asarray(altmin_model._rows(out, self.flat_index))[:, -2:])
+        seen.append(np.asarray(altmin_model.take_rows(out, self.flat_index))[:, -2:])
         return out
 
     with pytest.MonkeyPatch.context() as mp:
@@ -658,7 +658,7 @@ def test_popularity_prior_is_post_processing_of_the_same_release():
     """item_bias_mean='popularity' (rank 0) reads only the item update's released (Â, b̂): the report is the zero
     prior's, the first step releases bit for bit the same statistics (same key), and its re-solve with the fitted
     prior mean reads the same release again (no second look at the ratings). With factors it changes nothing."""
-    from jdp.altmin import model as altmin_model
+    from jdp.altmin import updates as altmin_model
     data = planted_powerlaw(seed=2, n_users=3000, n_items=80, nnz=40_000, rank=3).data
     runs = {}
     original = altmin_model._RidgeItemUpdate._solve
@@ -667,7 +667,7 @@ def test_popularity_prior_is_post_processing_of_the_same_release():
 
         def spy(self, feats, classes, key, prior_last=None):
             out = original(self, feats, classes, key, prior_last)
-            seen.append((np.asarray(altmin_model._rows(out, self.flat_index))[:, -2:], prior_last is not None))
+            seen.append((np.asarray(altmin_model.take_rows(out, self.flat_index))[:, -2:], prior_last is not None))
             return out
 
         with pytest.MonkeyPatch.context() as mp:
@@ -693,7 +693,7 @@ def test_noisy_gd_adaptive_weights_read_released_counts_through_their_posterior(
     the posterior effective counts (E[n^(−μ) | n̂])^(−1/μ) under the public prior (post-processing of the release,
     pulled together where the noise is large), the plug-in n̂ where the noise is small; the step caps use the same
     ω_i as the weights (they bound w_ij by ω_i)."""
-    from jdp.altmin import model as altmin_model
+    from jdp.altmin import updates as altmin_model
     seen, released = [], []
     original_weights, original_counts = altmin_model.adaptive_weights, altmin_model.private_counts
 
@@ -736,7 +736,7 @@ def test_noisy_gd_adaptive_weights_read_released_counts_through_their_posterior(
 def test_rank0_item_update_refuses_a_changed_gram(ratings):
     """Reusing A's noise is only private while A is unchanged: if a later step's Gram differed (here: the
     constant feature changed), the item update raises instead of releasing A again under the same noise."""
-    from jdp.altmin import model as altmin_model
+    from jdp.altmin import updates as altmin_model
     cfg = plan_run(_cfg("dpals-uniform", dim=0, steps=2), ratings.n_users, ratings.n_items).config
     plan = plan_run(cfg, ratings.n_users, ratings.n_items)
     weights = np.ones(ratings.nnz, np.float32) * 0.5
@@ -756,7 +756,7 @@ def test_methods_without_useful_counts_release_none_and_read_none(ratings, metho
     needs them), a method whose count release is optional releases no counts (the report has no 'item counts',
     all of ε goes to the item update) and never computes them; adaptive weights are then ω_i = 1 clipped per
     user, within the budget. At large ε the counts are released as before."""
-    from jdp.altmin import model as altmin_model
+    from jdp.altmin import updates as altmin_model
     calls = []
     original = altmin_model.private_counts
 
