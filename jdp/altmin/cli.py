@@ -5,7 +5,7 @@ import argparse
 import os
 import pathlib
 
-from jdp.altmin.model import METHODS, AltMinConfig, Method
+from jdp.altmin.config import METHODS, AltMinConfig, Method
 from jdp.cli import add_data_dir_arguments, add_seed_arguments, no_out_hint, noise_seed, privacy_lines, write_result
 
 # The named MovieLens datasets jdp.data.fetch downloads; their public rating scales are the published
