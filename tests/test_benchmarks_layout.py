@@ -37,3 +37,9 @@ def test_old_script_names_map_to_existing_modules():
     assert current_names("python -m benchmarks.seqrec_speed --x; benchmarks/results/clipping_b256.json") == (
         "python -m benchmarks.seqrec.speed --x; benchmarks/clipping/results/clipping_b256.json")
     assert results_dir(ROOT / "benchmarks" / "meta" / "experiments.py") == ROOT / "benchmarks" / "meta" / "results"
+
+
+def test_write_results_goes_to_the_calling_scripts_results_folder(tmp_path):
+    scope = {"__file__": str(tmp_path / "cap" / "script.py")}
+    exec("from benchmarks.common import write_results\npath = write_results('x', [{'a': 1}], command='c')", scope)
+    assert scope["path"] == tmp_path / "cap" / "results" / "x.json" and scope["path"].is_file()
