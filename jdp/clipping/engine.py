@@ -16,11 +16,12 @@ Methods:
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
 import weakref
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 import flax
 import jax
@@ -64,6 +65,12 @@ class ClippedGrad:
     num_nonfinite: jax.Array
     sensitivity: float = flax.struct.field(pytree_node=False, default=0.0)
     partition_labels: tuple = flax.struct.field(pytree_node=False, default=())
+
+    @staticmethod
+    def sensitivity_of(thresholds) -> float:
+        """L2 sensitivity of a sum of units clipped to `thresholds` [K] per parameter group: sqrt(sum_k C_k^2) (the
+        one place it is derived; C for flat clipping)."""
+        return float(np.sqrt(np.sum(np.asarray(thresholds, np.float64) ** 2)))
 
 
 def _is_concrete(x) -> bool:
@@ -128,93 +135,117 @@ def lookup_rows(ids: jax.Array, num_embeddings: int) -> jax.Array:
     return jnp.where((rows >= 0) & (rows < num_embeddings), rows, -1)
 
 
+def _dense_site(site, pid, leaves, x, g, contribs, method, in_loop):
+    """Dense (DenseGeneral): activations [B, T, p] (contracted axes last) and output gradients [B, T, q]."""
+    B = g.shape[0]
+    nd = len(site.in_shape)
+    others = [i for i in range(nd) if i not in site.axis]
+    p = int(math.prod(site.in_shape[i] for i in site.axis))
+    a = jnp.transpose(x, [0] + [1 + i for i in others] + [1 + i for i in site.axis]).reshape(B, -1, p)
+    T = a.shape[1]
+    gf = g.reshape(B, T, -1)
+    kid = pid["kernel"]
+    contribs[kid].pq = (p, gf.shape[2])
+    contribs[kid].mats.append((a.astype(jnp.float32), gf.astype(jnp.float32)))
+    if "bias" in pid:
+        contribs[pid["bias"]].insts.append(jnp.sum(gf, axis=1).astype(jnp.float32))
+
+
+def _conv_site(site, pid, leaves, x, g, contribs, method, in_loop):
+    """Conv: the kernel's per-example gradients from im2col patches (ghosted or instantiated), or from the layer's
+    own transposed convolution (large outputs), block-diagonal over feature groups."""
+    B = g.shape[0]
+    kid = pid["kernel"]
+    kshape = np.shape(leaves[kid])                 # kernel spatial... + (C_in / G, C_out)
+    G, Q = site.conv.feature_group_count, kshape[-1]
+    K, cg = int(math.prod(kshape[:-2])), kshape[-2]
+    T = int(np.size(g)) // (B * Q)                  # output positions per example
+    gf = g.reshape(B, T, Q).astype(jnp.float32)
+    contribs[kid].pq = (K * cg, Q)
+    if "bias" in pid:
+        contribs[pid["bias"]].insts.append(jnp.sum(gf, axis=1))
+    instantiate = method != "ghost" and _norms.instantiation_cheaper(T, K * cg, Q)
+    read = _taps.conv_read_mask(site.conv, x.shape)
+    xs = x if site.conv.dtype is None else x.astype(site.conv.dtype)   # as the layer casts it
+    xs = xs if read is None else jnp.where(read, xs, 0)                 # the values the layer reads
+    if G == 1 and instantiate and K * cg > Q and T >= TRANSPOSED_CONV_MIN_POSITIONS and not in_loop:
+        # instantiated from the layer's own transposed convolution, without the im2col patches,
+        # which would be larger than the layer's output (K * C_in > C_out) and many (T positions).
+        # XLA runs it as ONE grouped convolution over the batch: each example's finiteness is checked
+        # on what the layer reads, and only finite examples enter it, so no example's values can
+        # reach another's gradient
+        ok = (_norms.rows_finite(xs) & _norms.rows_finite(g)).reshape((B,) + (1,) * (x.ndim - 1))
+        contribs[kid].checks += [xs, g]
+        contribs[kid].insts.append(_taps.conv_kernel_grads(
+            site.conv, jnp.where(ok, xs, 0), jnp.where(ok.reshape((B,) + (1,) * (g.ndim - 1)), g, 0),
+            kshape))
+        return
+    # per-example kernel gradient = patches^T output grads (im2col): ghosted, or instantiated from
+    # patches no larger than the output (e.g. a first layer on few input channels)
+    pat = _taps.conv_patches(site.conv, x).astype(jnp.float32).reshape(B, -1, K, G, cg)
+    if G > 1:  # block-diagonal over groups: instantiated ([K, C_in/G, G, C_out/G] = the kernel layout)
+        u = jnp.einsum("btkgc,btgq->bkcgq", pat, gf.reshape(B, T, G, Q // G))
+        contribs[kid].insts.append(u.reshape(B, -1))
+        return
+    pat = pat.reshape(B, T, K * cg)
+    if read is not None:
+        def patches(xz, conv=site.conv, T=T, P=K * cg):
+            return _taps.conv_patches(conv, xz).astype(jnp.float32).reshape(B, T, P)
+        # the patches hold exactly the read inputs (and zeros): finiteness is checked there, dropped
+        # rows are zeroed in x (`norms.zero_rows`) and the patches built once from it
+        contribs[kid].sources[len(contribs[kid].mats)] = (xs, patches)
+    contribs[kid].mats.append((pat, gf))
+
+
+def _lookup_site(site, pid, leaves, x, g, contribs, method, in_loop):
+    """Embed lookup: the rows each example reads (`lookup_rows`) and their output gradients."""
+    B = g.shape[0]
+    eid = pid["embedding"]
+    M, d = np.shape(leaves[eid])
+    rows = lookup_rows(x.reshape(B, -1), M)
+    R = g.reshape(B, rows.shape[1], d).astype(jnp.float32)
+    valid = rows >= 0          # ids that read no row get no gradient (their output is NaN)
+    R = jnp.where(valid[..., None], R, 0.0)
+    contribs[eid].pq = (M, d)
+    contribs[eid].lookups.append((jnp.where(valid, rows, 0), R))
+
+
+def _attend_site(site, pid, leaves, x, g, contribs, method, in_loop):
+    """Embed.attend (tied output): logit gradients [B, T, M] and queries [B, T, d]."""
+    B = g.shape[0]
+    eid = pid["embedding"]
+    M, d = np.shape(leaves[eid])
+    H = x.reshape(B, -1, d).astype(jnp.float32)
+    G = g.reshape(B, H.shape[1], M).astype(jnp.float32)
+    contribs[eid].pq = (M, d)
+    contribs[eid].mats.append((G, H))
+
+
+def _local_site(site, pid, leaves, x, g, contribs, method, in_loop):
+    """Any other recognised layer: per-example VJP of the (small) layer itself."""
+    B = g.shape[0]
+    own = {n: leaves[i] for n, i in pid.items()}
+
+    def one(xb, gb):
+        _, vjp = jax.vjp(lambda p: site.apply(p, xb), own)
+        return vjp(gb)[0]
+
+    per = jax.vmap(one)(x, g)
+    for n, i in pid.items():
+        contribs[i].insts.append(per[n].reshape(B, -1).astype(jnp.float32))
+
+
+_SITE_CONTRIBS = {"dense": _dense_site, "conv": _conv_site, "lookup": _lookup_site, "attend": _attend_site}
+
+
 def _site_contribs(plan, leaves, records, tap_grads, contribs, method, in_loop=False):
     """Turns recorded inputs and output gradients of each site into factored leaf contributions (`in_loop`:
     see `_factored_grads`)."""
     for k in sorted(plan.allowed):
         site = plan.sites[k]
-        x, g = records[k], tap_grads[k]
-        B = g.shape[0]
         pid = dict(zip(site.param_names, site.leaf_ids))
-        if site.kind == "dense":
-            nd = len(site.in_shape)
-            others = [i for i in range(nd) if i not in site.axis]
-            p = int(math.prod(site.in_shape[i] for i in site.axis))
-            a = jnp.transpose(x, [0] + [1 + i for i in others] + [1 + i for i in site.axis]).reshape(B, -1, p)
-            T = a.shape[1]
-            gf = g.reshape(B, T, -1)
-            kid = pid["kernel"]
-            contribs[kid].pq = (p, gf.shape[2])
-            contribs[kid].mats.append((a.astype(jnp.float32), gf.astype(jnp.float32)))
-            if "bias" in pid:
-                contribs[pid["bias"]].insts.append(jnp.sum(gf, axis=1).astype(jnp.float32))
-        elif site.kind == "conv":
-            kid = pid["kernel"]
-            kshape = np.shape(leaves[kid])                 # kernel spatial... + (C_in / G, C_out)
-            G, Q = site.conv.feature_group_count, kshape[-1]
-            K, cg = int(math.prod(kshape[:-2])), kshape[-2]
-            T = int(np.size(g)) // (B * Q)                  # output positions per example
-            gf = g.reshape(B, T, Q).astype(jnp.float32)
-            contribs[kid].pq = (K * cg, Q)
-            if "bias" in pid:
-                contribs[pid["bias"]].insts.append(jnp.sum(gf, axis=1))
-            instantiate = method != "ghost" and _norms.instantiation_cheaper(T, K * cg, Q)
-            read = _taps.conv_read_mask(site.conv, x.shape)
-            xs = x if site.conv.dtype is None else x.astype(site.conv.dtype)   # as the layer casts it
-            xs = xs if read is None else jnp.where(read, xs, 0)                 # the values the layer reads
-            if G == 1 and instantiate and K * cg > Q and T >= TRANSPOSED_CONV_MIN_POSITIONS and not in_loop:
-                # instantiated from the layer's own transposed convolution, without the im2col patches,
-                # which would be larger than the layer's output (K * C_in > C_out) and many (T positions).
-                # XLA runs it as ONE grouped convolution over the batch: each example's finiteness is checked
-                # on what the layer reads, and only finite examples enter it, so no example's values can
-                # reach another's gradient
-                ok = (_norms.rows_finite(xs) & _norms.rows_finite(g)).reshape((B,) + (1,) * (x.ndim - 1))
-                contribs[kid].checks += [xs, g]
-                contribs[kid].insts.append(_taps.conv_kernel_grads(
-                    site.conv, jnp.where(ok, xs, 0), jnp.where(ok.reshape((B,) + (1,) * (g.ndim - 1)), g, 0),
-                    kshape))
-                continue
-            # per-example kernel gradient = patches^T output grads (im2col): ghosted, or instantiated from
-            # patches no larger than the output (e.g. a first layer on few input channels)
-            pat = _taps.conv_patches(site.conv, x).astype(jnp.float32).reshape(B, -1, K, G, cg)
-            if G > 1:  # block-diagonal over groups: instantiated ([K, C_in/G, G, C_out/G] = the kernel layout)
-                u = jnp.einsum("btkgc,btgq->bkcgq", pat, gf.reshape(B, T, G, Q // G))
-                contribs[kid].insts.append(u.reshape(B, -1))
-                continue
-            pat = pat.reshape(B, T, K * cg)
-            if read is not None:
-                def patches(xz, conv=site.conv, T=T, P=K * cg):
-                    return _taps.conv_patches(conv, xz).astype(jnp.float32).reshape(B, T, P)
-                # the patches hold exactly the read inputs (and zeros): finiteness is checked there, dropped
-                # rows are zeroed in x (`norms.zero_rows`) and the patches built once from it
-                contribs[kid].sources[len(contribs[kid].mats)] = (xs, patches)
-            contribs[kid].mats.append((pat, gf))
-        elif site.kind == "lookup":
-            eid = pid["embedding"]
-            M, d = np.shape(leaves[eid])
-            rows = lookup_rows(x.reshape(B, -1), M)
-            R = g.reshape(B, rows.shape[1], d).astype(jnp.float32)
-            valid = rows >= 0          # ids that read no row get no gradient (their output is NaN)
-            R = jnp.where(valid[..., None], R, 0.0)
-            contribs[eid].pq = (M, d)
-            contribs[eid].lookups.append((jnp.where(valid, rows, 0), R))
-        elif site.kind == "attend":
-            eid = pid["embedding"]
-            M, d = np.shape(leaves[eid])
-            H = x.reshape(B, -1, d).astype(jnp.float32)
-            G = g.reshape(B, H.shape[1], M).astype(jnp.float32)
-            contribs[eid].pq = (M, d)
-            contribs[eid].mats.append((G, H))
-        else:  # local: per-example VJP of the (small) layer itself
-            own = {n: leaves[i] for n, i in pid.items()}
-
-            def one(xb, gb, own=own, site=site):
-                _, vjp = jax.vjp(lambda p: site.apply(p, xb), own)
-                return vjp(gb)[0]
-
-            per = jax.vmap(one)(x, g)
-            for n, i in pid.items():
-                contribs[i].insts.append(per[n].reshape(B, -1).astype(jnp.float32))
+        add = _SITE_CONTRIBS.get(site.kind, _local_site)
+        add(site, pid, leaves, records[k], tap_grads[k], contribs, method, in_loop)
 
 
 def _raw_contribs(plan, leaves, records, grads, contribs, method, memory_limit):
@@ -471,13 +502,27 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if aux is not None:
         loss_fn = functools.partial(_with_aux, loss_fn, aux)
-    if matmul_precision is not None:
-        with jax.default_matmul_precision(matmul_precision):
-            return clipped_grad(loss_fn, params, batch, l2_clip=l2_clip, mask=mask, method=method,
-                                normalize=normalize, group_ids=group_ids, num_groups=num_groups,
-                                clip_partition=clip_partition, memory_limit=memory_limit, matmul_precision=None,
-                                batch_chunk=batch_chunk)
-    B = _batch_size(batch)
+    precision = (contextlib.nullcontext() if matmul_precision is None
+                 else jax.default_matmul_precision(matmul_precision))
+    with precision:
+        B = _batch_size(batch)
+        leaves, treedef = _check_params(params, method)
+        leaf_label, labels = _partition(params, clip_partition)
+        thresholds = _clip_values(l2_clip, labels)
+        part = _units(mask, group_ids, num_groups, B)
+        taps = _discover(loss_fn, leaves, treedef, batch, method)
+        check_per_example_loss(loss_fn, params, batch)  # after discover: BatchNorm gets its own message first
+        cp = _ClipPlan(loss_fn, taps, params, leaves, treedef, thresholds, leaf_label, labels, method, normalize,
+                       memory_limit)
+        chunk = B if group_ids is not None else _chunk_size_of(batch_chunk, loss_fn, taps, leaves, treedef, batch,
+                                                               method, memory_limit)
+        if chunk >= B:
+            return _clip_batch(cp, part._replace(batch=batch))
+        return _clip_in_chunks(cp, batch, part.w, chunk)
+
+
+def _check_params(params, method) -> tuple[list, Any]:
+    """(leaves, treedef) of `params` after checking they are floating-point (float32 or wider for ghost-two-pass)."""
     leaves, treedef = jax.tree.flatten(params)
     if not leaves:
         raise ValueError("params is empty")
@@ -488,10 +533,12 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
         raise ValueError("method='ghost-two-pass' forms the clipped sum by a second backward in the parameters' "
                          "dtype; with bfloat16/float16 parameters that sum would round to 8-11 bits: use "
                          "method='auto' (the sum is formed in float32, see docs/clipping.md#mixed-precision)")
-    leaf_label, labels = _partition(params, clip_partition)
-    Cs = _clip_values(l2_clip, labels)
-    sensitivity = float(np.sqrt(np.sum(Cs ** 2)))
+    return leaves, treedef
 
+
+def _units(mask, group_ids, num_groups, B: int) -> _Part:
+    """The row indicator w [B], group_ids and the number of units N of a call (its batch filled in later), after
+    checking `mask` and `group_ids`."""
     if mask is None:
         w = jnp.ones((B,), jnp.float32)
     else:
@@ -502,51 +549,42 @@ def clipped_grad(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: A
             raise ValueError("mask must hold only 0/1 (or bool) values: a weight other than 1 would scale an "
                              "example's clipped gradient beyond the sensitivity")
         w = (mask != 0).astype(jnp.float32)   # a 0/1 indicator, never a weight
-    if group_ids is not None:
-        group_ids = jnp.asarray(group_ids)
-        if group_ids.shape != (B,) or not jnp.issubdtype(group_ids.dtype, jnp.integer):
-            raise ValueError(f"group_ids must be an integer array of shape ({B},), got "
-                             f"{group_ids.dtype}{tuple(group_ids.shape)}")
-        N = B if num_groups is None else int(num_groups)
-        if N < 1:
-            raise ValueError(f"num_groups must be >= 1, got {num_groups}")
-        if _is_concrete(group_ids) and (np.asarray(group_ids).min() < 0 or np.asarray(group_ids).max() >= N):
-            raise ValueError(f"group_ids must lie in [0, num_groups={N})")
-        # (under jit) an id outside [0, N) belongs to no unit: the example is dropped, never clipped
-        # with another unit's factor
-        w = jnp.where((group_ids >= 0) & (group_ids < N), w, 0.0)
-    else:
-        N = B
+    if group_ids is None:
+        return _Part(None, w, None, B)
+    group_ids = jnp.asarray(group_ids)
+    if group_ids.shape != (B,) or not jnp.issubdtype(group_ids.dtype, jnp.integer):
+        raise ValueError(f"group_ids must be an integer array of shape ({B},), got "
+                         f"{group_ids.dtype}{tuple(group_ids.shape)}")
+    N = B if num_groups is None else int(num_groups)
+    if N < 1:
+        raise ValueError(f"num_groups must be >= 1, got {num_groups}")
+    if _is_concrete(group_ids) and (np.asarray(group_ids).min() < 0 or np.asarray(group_ids).max() >= N):
+        raise ValueError(f"group_ids must lie in [0, num_groups={N})")
+    # (under jit) an id outside [0, N) belongs to no unit: the example is dropped, never clipped
+    # with another unit's factor
+    w = jnp.where((group_ids >= 0) & (group_ids < N), w, 0.0)
+    return _Part(None, w, group_ids, N)
 
-    plan = _discover(loss_fn, leaves, treedef, batch, method)
-    check_per_example_loss(loss_fn, params, batch)  # after discover: BatchNorm gets its own message first
-    if group_ids is not None:
-        chunk = B
-    else:
-        chunk = _chunk_size_of(batch_chunk, loss_fn, plan, leaves, treedef, batch, method, memory_limit)
-    clip = functools.partial(_clip_batch, loss_fn, plan, leaves, treedef, params, Cs, leaf_label, labels,
-                             sensitivity, method, normalize, memory_limit)
-    if chunk >= B:
-        result = clip(batch, w, group_ids, N)
-    else:
-        chunked_batch, chunked_w = split_into_chunks(batch, w, chunk)
-        nb, chunk = chunked_w.shape
 
-        def step(acc, part):            # the clipped sum accumulates in the carry (no [chunks, params] stack)
-            r = clip(part[0], part[1], None, chunk, in_loop=True)
-            return jax.tree.map(jnp.add, acc, r.grad_sum), r.replace(grad_sum=None)
+def _clip_in_chunks(cp: _ClipPlan, batch, w, chunk: int) -> ClippedGrad:
+    """`clipped_grad` as a `lax.scan` over chunks of at most `chunk` examples, the clipped sum in the carry."""
+    B = _batch_size(batch)
+    chunked_batch, chunked_w = split_into_chunks(batch, w, chunk)
+    nb, chunk = chunked_w.shape
 
-        zeros = jax.tree.map(lambda x: jnp.zeros(np.shape(x), jnp.float32), params)   # the sum stays float32
-        grad_sum, parts = jax.lax.scan(step, zeros, (chunked_batch, chunked_w))
+    def step(acc, part):            # the clipped sum accumulates in the carry (no [chunks, params] stack)
+        r = _clip_batch(cp, _Part(part[0], part[1], None, chunk), in_loop=True)
+        return jax.tree.map(jnp.add, acc, r.grad_sum), r.replace(grad_sum=None)
 
-        def rows(x):
-            return None if x is None else x.reshape((nb * chunk,) + x.shape[2:])[:B]
+    zeros = jax.tree.map(lambda x: jnp.zeros(np.shape(x), jnp.float32), cp.params)   # the sum stays float32
+    grad_sum, parts = jax.lax.scan(step, zeros, (chunked_batch, chunked_w))
 
-        result = ClippedGrad(
-            grad_sum=grad_sum, norms=rows(parts.norms), loss=rows(parts.loss), clip_factors=rows(parts.clip_factors),
-            group_norms=rows(parts.group_norms), num_nonfinite=jnp.sum(parts.num_nonfinite),
-            sensitivity=sensitivity, partition_labels=labels)
-    return result
+    def rows(x):
+        return None if x is None else x.reshape((nb * chunk,) + x.shape[2:])[:B]
+
+    return cp.result(grad_sum=grad_sum, norms=rows(parts.norms), loss=rows(parts.loss),
+                     clip_factors=rows(parts.clip_factors), group_norms=rows(parts.group_norms),
+                     num_nonfinite=jnp.sum(parts.num_nonfinite))
 
 
 def split_into_chunks(batch, w: jax.Array, chunk: int):
@@ -624,9 +662,47 @@ def check_batch_chunk(batch_chunk):
     return int(batch_chunk)
 
 
-def _clip_batch(loss_fn, plan, leaves, treedef, params, Cs, leaf_label, labels, sensitivity, method, normalize,
-                memory_limit, batch, w, group_ids, N, in_loop=False) -> ClippedGrad:
-    """`clipped_grad` on one batch (or `in_loop`: one chunk of a loop) with the 0/1 row indicator w [B]
+@dataclasses.dataclass(frozen=True, eq=False)
+class _ClipPlan:
+    """Everything fixed for one call of `clipped_grad`, passed down to every chunk: the loss, the tapping plan, the
+    flattened parameters, the parameter groups with their clip bounds and the clipping settings."""
+    loss_fn: Callable
+    taps: Any                     # taps.discover's plan (sites, raw products, fallback leaves)
+    params: Any
+    leaves: list
+    treedef: Any
+    thresholds: np.ndarray        # [K] clip bound C_k of each parameter group (float64)
+    leaf_label: list[int]         # group index of each flattened leaf
+    labels: tuple                 # the K group labels
+    method: str
+    normalize: bool
+    memory_limit: int
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.labels)
+
+    @property
+    def norm_method(self) -> str:
+        """The norms' method (`norms.sq_norms_diag`): "ghost" or "auto" (mixed)."""
+        return "ghost" if self.method == "ghost" else "auto"
+
+    def result(self, **fields) -> "ClippedGrad":
+        """A ClippedGrad of this plan: its static sensitivity and group labels added to `fields`."""
+        return ClippedGrad(**fields, sensitivity=ClippedGrad.sensitivity_of(self.thresholds),
+                           partition_labels=self.labels)
+
+
+class _Part(NamedTuple):
+    """One batch, or one chunk of a loop, as `_clip_batch` clips it."""
+    batch: Any
+    w: jax.Array                  # [B] 0/1 row indicator
+    group_ids: jax.Array | None   # [B] unit of each row (None: each row its own unit)
+    num_units: int                # N
+
+
+def _clip_batch(cp: _ClipPlan, part: _Part, in_loop: bool = False) -> ClippedGrad:
+    """`clipped_grad` on one batch (or `in_loop`: one chunk of a loop) with the 0/1 row indicator part.w [B]
     (validated by the caller).
 
     Per-example norms without groups first come from the factors as recorded: a NaN or inf in any factor
@@ -636,38 +712,61 @@ def _clip_batch(loss_fn, plan, leaves, treedef, params, Cs, leaf_label, labels, 
     of every dropped example before any norm or sum (`_clip_checked`). Both give the same result on
     finite inputs; the first skips a check and a zeroed copy of every factor (the largest, a tied output
     layer's [B, T, vocabulary] logit gradients, costs passes as long as its matmuls)."""
-    B = _batch_size(batch)
-    plan, losses, contribs = _factored_grads(loss_fn, leaves, treedef, batch, method, memory_limit, plan, in_loop)
-    mth = "ghost" if method == "ghost" else "auto"
-    finish = functools.partial(_finish, loss_fn, leaves, treedef, params, Cs, leaf_label, labels, sensitivity,
-                               method, normalize, batch, w, group_ids, losses)
-    checked = functools.partial(_clip_checked, finish, leaf_label, len(labels), mth, memory_limit, w, group_ids,
-                                N, losses)
-    if (group_ids is not None or method == "ghost-two-pass"
+    B = _batch_size(part.batch)
+    _, losses, contribs = _factored_grads(cp.loss_fn, cp.leaves, cp.treedef, part.batch, cp.method, cp.memory_limit,
+                                          cp.taps, in_loop)
+    if (part.group_ids is not None or cp.method == "ghost-two-pass"
             or any(c.checks for c in contribs.values())):   # (`checks`: inputs of a batch-mixing op)
-        return checked(contribs)
-    bound = _diag_sq_norms(contribs, leaf_label, len(labels), B, mth, memory_limit, zeroed=False)
+        return _clip_checked(cp, part, losses, contribs)
+    bound = _diag_sq_norms(cp, contribs, B, zeroed=False)
     clean = jnp.all(jnp.isfinite(bound[0])) & jnp.all(jnp.isfinite(bound[1])) & jnp.all(jnp.isfinite(losses))
     fresh = {i: dataclasses.replace(c, dense=None) for i, c in contribs.items()}   # as before any norm
-    return jax.lax.cond(clean, lambda: finish(contribs, bound, w, w > 0, jnp.zeros((B,), bool), all_finite=True),
-                        lambda: checked(fresh))
+    w = part.w
+    return jax.lax.cond(clean, lambda: _finish(cp, part, losses, contribs, bound, w, w > 0, jnp.zeros((B,), bool),
+                                               all_finite=True),
+                        lambda: _clip_checked(cp, part, losses, fresh))
 
 
-def _diag_sq_norms(contribs, leaf_label, K, B, mth, memory_limit, zeroed=True) -> tuple[jax.Array, jax.Array]:
+def _diag_sq_norms(cp: _ClipPlan, contribs, B, zeroed=True) -> tuple[jax.Array, jax.Array]:
     """Certified bounds (q [B, K], lin [B, K]) per example and parameter group: the vector summed for an example's
     group k has norm ≤ √q + lin (`norms.sq_norms_diag`; the leaves' linear terms add as orthogonal parts)."""
+    K = cp.num_groups
     q = [jnp.zeros((B,), jnp.float32) for _ in range(K)]
     lin2 = [jnp.zeros((B,), jnp.float32) for _ in range(K)]
     for i, c in contribs.items():
         if c.mats or c.lookups or c.insts:
-            qi, li = _norms.sq_norms_diag(c, mth, memory_limit, zeroed)
-            q[leaf_label[i]] = q[leaf_label[i]] + qi
-            lin2[leaf_label[i]] = lin2[leaf_label[i]] + li * li
+            qi, li = _norms.sq_norms_diag(c, cp.norm_method, cp.memory_limit, zeroed)
+            q[cp.leaf_label[i]] = q[cp.leaf_label[i]] + qi
+            lin2[cp.leaf_label[i]] = lin2[cp.leaf_label[i]] + li * li
     return jnp.stack(q, axis=1), jnp.sqrt(jnp.stack(lin2, axis=1))
 
 
-def _clip_checked(finish, leaf_label, K, mth, memory_limit, w, group_ids, N, losses, contribs) -> ClippedGrad:
+def _group_sq_norms(cp: _ClipPlan, contribs, keep, group_ids, N) -> tuple[jax.Array, jax.Array]:
+    """Certified bounds (q [N, K], lin [N, K]) per group_ids unit and parameter group, from the examples kept."""
+    B, K = keep.shape[0], cp.num_groups
+    # ||sum_{b in n} g_b||^2 = sum over pairs (b, c) of unit n of <g_b, g_c>; pairs of other units
+    # are excluded with `where` (not multiplied by 0) so no other unit's value can leak in.
+    same = (group_ids[:, None] == group_ids[None, :]) & keep[:, None] & keep[None, :]
+    q = [jnp.zeros((N,), jnp.float32) for _ in range(K)]
+    lin2 = [jnp.zeros((N,), jnp.float32) for _ in range(K)]
+    for i, c in contribs.items():
+        if c.mats or c.lookups or c.insts:
+            Kb, Sb, beta, lin_b = _norms.sq_norms_pairs(c, cp.norm_method)
+            rows = jnp.sum(jnp.where(same, Kb, 0.0), axis=1)
+            unit = jax.ops.segment_sum(rows, group_ids, num_segments=N)
+            # the unit's sum of pairs, then its two sums over ≤ B terms: off by ≤ (β + γ_{2B+2}) (Σ_{b∈n} S_b)²
+            S_unit = jax.ops.segment_sum(jnp.where(keep, Sb, 0.0), group_ids, num_segments=N)
+            S_unit = S_unit * (1.0 + _norms.gamma(B + 1))
+            err = (beta + _norms.gamma(2 * B + 2) * (1.0 + beta)) * S_unit * S_unit
+            lin = jax.ops.segment_sum(jnp.where(keep, lin_b, 0.0), group_ids, num_segments=N)
+            q[cp.leaf_label[i]] = q[cp.leaf_label[i]] + jnp.maximum(unit, 0.0) + err
+            lin2[cp.leaf_label[i]] = lin2[cp.leaf_label[i]] + lin * lin * (1.0 + _norms.gamma(B + 1)) ** 2
+    return jnp.stack(q, axis=1), jnp.sqrt(jnp.stack(lin2, axis=1))
+
+
+def _clip_checked(cp: _ClipPlan, part: _Part, losses, contribs) -> ClippedGrad:
     """The checked path of `_clip_batch`: dropped examples' factors zeroed before any norm or sum."""
+    w, group_ids, N = part.w, part.group_ids, part.num_units
     B = w.shape[0]
     # An example is dropped (all its factors set to exact zeros with `where`, before any norm or sum)
     # when it is masked out or when its loss or any factor of its gradient is not finite: 0 * NaN is
@@ -679,43 +778,22 @@ def _clip_checked(finish, leaf_label, K, mth, memory_limit, w, group_ids, N, los
 
     # Squared norms per parameter group k, per unit n.
     if group_ids is None:
-        return finish(contribs, _diag_sq_norms(contribs, leaf_label, K, B, mth, memory_limit), w, keep, ex_bad)
-    # ||sum_{b in n} g_b||^2 = sum over pairs (b, c) of unit n of <g_b, g_c>; pairs of other units
-    # are excluded with `where` (not multiplied by 0) so no other unit's value can leak in.
-    same = (group_ids[:, None] == group_ids[None, :]) & keep[:, None] & keep[None, :]
-    q = [jnp.zeros((N,), jnp.float32) for _ in range(K)]
-    lin2 = [jnp.zeros((N,), jnp.float32) for _ in range(K)]
-    for i, c in contribs.items():
-        if c.mats or c.lookups or c.insts:
-            Kb, Sb, beta, lin_b = _norms.sq_norms_pairs(c, mth)
-            rows = jnp.sum(jnp.where(same, Kb, 0.0), axis=1)
-            unit = jax.ops.segment_sum(rows, group_ids, num_segments=N)
-            # the unit's sum of pairs, then its two sums over ≤ B terms: off by ≤ (β + γ_{2B+2}) (Σ_{b∈n} S_b)²
-            S_unit = jax.ops.segment_sum(jnp.where(keep, Sb, 0.0), group_ids, num_segments=N)
-            S_unit = S_unit * (1.0 + _norms.gamma(B + 1))
-            err = (beta + _norms.gamma(2 * B + 2) * (1.0 + beta)) * S_unit * S_unit
-            lin = jax.ops.segment_sum(jnp.where(keep, lin_b, 0.0), group_ids, num_segments=N)
-            q[leaf_label[i]] = q[leaf_label[i]] + jnp.maximum(unit, 0.0) + err
-            lin2[leaf_label[i]] = lin2[leaf_label[i]] + lin * lin * (1.0 + _norms.gamma(B + 1)) ** 2
+        return _finish(cp, part, losses, contribs, _diag_sq_norms(cp, contribs, B), w, keep, ex_bad)
+    bound = _group_sq_norms(cp, contribs, keep, group_ids, N)
     unit_w = (jax.ops.segment_max(w, group_ids, num_segments=N) > 0).astype(jnp.float32)
     unit_bad = jax.ops.segment_max(ex_bad.astype(jnp.int32), group_ids, num_segments=N) > 0
-    return finish(contribs, (jnp.stack(q, axis=1), jnp.sqrt(jnp.stack(lin2, axis=1))), unit_w, keep, unit_bad)
+    return _finish(cp, part, losses, contribs, bound, unit_w, keep, unit_bad)
 
 
-def _finish(loss_fn, leaves, treedef, params, Cs, leaf_label, labels, sensitivity, method, normalize, batch, w,
-            group_ids, losses, contribs, bound, unit_w, keep, unit_bad, all_finite=False) -> ClippedGrad:
-    """Clip factors from the certified bounds (q, lin) [N, K] of the units (weights unit_w, non-finite unit_bad),
-    and the clipped sum of the examples kept (`keep`) by book-keeping (or a second backward).
+def _clip_factors(cp: _ClipPlan, bound, unit_w, unit_bad):
+    """(factors [N, K], group norms [N, K], total norms [N], number of non-finite units) from the certified bounds.
 
     A unit's norm in group k is √q + lin, raised by the slack of forming it (`norms.BOUND_SLACK`) and by a floor
     for underflow (`norms.ABS_FLOOR`): an upper bound on the norm of what `grad_sum` receives from the unit, so its
-    clipped contribution is ≤ C_k (docs/privacy.md#floating-point). `grad_sum` is float32 for every leaf, also
-    for bfloat16/float16 parameters: a sum of many units rounded to 8 bits would let one unit move it by far
-    more than C_k (docs/clipping.md#mixed-precision)."""
-    K = len(labels)
+    clipped contribution is ≤ C_k (docs/privacy.md#floating-point)."""
     q, lin = bound
     if _norms._FP_BOUND:
-        n_leaves = [leaf_label.count(k) for k in range(K)]     # q and lin are sums over a group's leaves
+        n_leaves = [cp.leaf_label.count(k) for k in range(cp.num_groups)]   # q and lin: sums over a group's leaves
         slack = jnp.asarray([_norms.BOUND_SLACK * (1.0 + _norms.gamma(n + 1)) for n in n_leaves],
                             jnp.float32)[None, :]
         gnorms = (jnp.sqrt(q) + lin) * slack + _norms.ABS_FLOOR
@@ -723,9 +801,9 @@ def _finish(loss_fn, leaves, treedef, params, Cs, leaf_label, labels, sensitivit
         gnorms = jnp.sqrt(jnp.maximum(q, 0.0))
     # a norm that overflows is not finite either: the unit is dropped like a NaN one
     finite = ~unit_bad & jnp.all(jnp.isfinite(gnorms), axis=1)
-    Cs_j = jnp.asarray(Cs, jnp.float32)[None, :]
+    Cs_j = jnp.asarray(cp.thresholds, jnp.float32)[None, :]
     safe = jnp.where(jnp.isfinite(gnorms), gnorms, 1.0)
-    if normalize:
+    if cp.normalize:
         factors = Cs_j / jnp.maximum(safe, 1e-12)
     else:
         factors = jnp.minimum(1.0, Cs_j / jnp.maximum(safe, 1e-12))
@@ -733,49 +811,66 @@ def _finish(loss_fn, leaves, treedef, params, Cs, leaf_label, labels, sensitivit
     gnorms = jnp.where((unit_w > 0)[:, None], gnorms, 0.0)
     total_norms = jnp.sqrt(jnp.sum(jnp.where(jnp.isfinite(gnorms), gnorms, 0.0) ** 2, axis=1))
     total_norms = jnp.where(finite | (unit_w == 0), total_norms, jnp.inf)
-    num_nonfinite = jnp.sum((~finite) & (unit_w > 0))
+    return factors, gnorms, total_norms, jnp.sum((~finite) & (unit_w > 0))
 
+
+def _bookkeeping_sum(cp: _ClipPlan, contribs, ex_factors, all_finite):
+    """The clipped sum (float32 leaves) from the factors, each example's group k weighted by ex_factors[:, k]."""
+    out = []
+    for i, x in enumerate(cp.leaves):
+        c = contribs[i]
+        if c.mats or c.lookups or c.insts:
+            out.append(_norms.clipped_sum(c, ex_factors[:, cp.leaf_label[i]], all_finite))   # float32
+        else:
+            out.append(jnp.zeros(np.shape(x), jnp.float32))
+    return jax.tree.unflatten(cp.treedef, out)
+
+
+def _two_pass_sum(cp: _ClipPlan, batch, ex_factors, bookkeeping: Callable):
+    """The clipped sum from a second backward of Σ_b c_b loss_b ("ghost-two-pass"), one per parameter group."""
+    def weighted(p):
+        return jax.vmap(lambda ex: jnp.reshape(cp.loss_fn(p, jax.tree.map(lambda x: x[None], ex)), ()))(batch)
+
+    if cp.num_groups == 1:
+        grad_sum = jax.grad(lambda p: jnp.dot(jax.lax.stop_gradient(ex_factors[:, 0]), weighted(p)))(cp.params)
+    else:
+        # one backward per parameter group, keeping that group's leaves
+        out = [None] * len(cp.leaves)
+        for k in range(cp.num_groups):
+            gk = jax.grad(lambda p, k=k: jnp.dot(jax.lax.stop_gradient(ex_factors[:, k]), weighted(p)))(cp.params)
+            for i, x in enumerate(jax.tree.leaves(gk)):
+                if cp.leaf_label[i] == k:
+                    out[i] = x
+        grad_sum = jax.tree.unflatten(cp.treedef, out)
+    # The second backward cannot drop an example: a zero weight times a NaN/inf partial derivative
+    # of a dropped example is NaN. Then (and only then) the same clipped sum is taken by
+    # book-keeping from the zeroed factors (equal in exact arithmetic).
+    two_pass_ok = jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grad_sum)]))
+    return jax.lax.cond(two_pass_ok, lambda: grad_sum, bookkeeping)
+
+
+def _finish(cp: _ClipPlan, part: _Part, losses, contribs, bound, unit_w, keep, unit_bad,
+            all_finite=False) -> ClippedGrad:
+    """Clip factors from the certified bounds (q, lin) [N, K] of the units (weights unit_w, non-finite unit_bad),
+    and the clipped sum of the examples kept (`keep`) by book-keeping (or a second backward). `grad_sum` is float32
+    for every leaf, also for bfloat16/float16 parameters: a sum of many units rounded to 8 bits would let one unit
+    move it by far more than C_k (docs/clipping.md#mixed-precision)."""
+    factors, gnorms, total_norms, num_nonfinite = _clip_factors(cp, bound, unit_w, unit_bad)
     # Per-example weights per group (0 for dropped examples, whose factors are zeros anyway).
-    ex_factors = factors if group_ids is None else jnp.where(keep[:, None], factors[group_ids], 0.0)   # [B, K]
+    ex_factors = (factors if part.group_ids is None
+                  else jnp.where(keep[:, None], factors[part.group_ids], 0.0))   # [B, K]
 
     def bookkeeping():
-        out = []
-        for i, x in enumerate(leaves):
-            c = contribs[i]
-            if c.mats or c.lookups or c.insts:
-                out.append(_norms.clipped_sum(c, ex_factors[:, leaf_label[i]], all_finite))   # float32
-            else:
-                out.append(jnp.zeros(np.shape(x), jnp.float32))
-        return jax.tree.unflatten(treedef, out)
+        return _bookkeeping_sum(cp, contribs, ex_factors, all_finite)
 
-    if method == "ghost-two-pass":
-        def weighted(p):
-            lv = jax.vmap(lambda ex: jnp.reshape(loss_fn(p, jax.tree.map(lambda x: x[None], ex)), ()))(batch)
-            return lv
-
-        if K == 1:
-            grad_sum = jax.grad(lambda p: jnp.dot(jax.lax.stop_gradient(ex_factors[:, 0]), weighted(p)))(params)
-        else:
-            # one backward per parameter group, keeping that group's leaves
-            out = [None] * len(leaves)
-            for k in range(K):
-                gk = jax.grad(lambda p, k=k: jnp.dot(jax.lax.stop_gradient(ex_factors[:, k]), weighted(p)))(params)
-                for i, x in enumerate(jax.tree.leaves(gk)):
-                    if leaf_label[i] == k:
-                        out[i] = x
-            grad_sum = jax.tree.unflatten(treedef, out)
-        # The second backward cannot drop an example: a zero weight times a NaN/inf partial derivative
-        # of a dropped example is NaN. Then (and only then) the same clipped sum is taken by
-        # book-keeping from the zeroed factors (equal in exact arithmetic).
-        two_pass_ok = jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grad_sum)]))
-        grad_sum = jax.lax.cond(two_pass_ok, lambda: grad_sum, bookkeeping)
+    if cp.method == "ghost-two-pass":
+        grad_sum = _two_pass_sum(cp, part.batch, ex_factors, bookkeeping)
     else:
         grad_sum = bookkeeping()
-
-    return ClippedGrad(
-        grad_sum=grad_sum, norms=total_norms, loss=losses, clip_factors=factors[:, 0] if K == 1 else factors,
-        group_norms=None if K == 1 else gnorms, num_nonfinite=num_nonfinite,
-        sensitivity=sensitivity, partition_labels=labels)
+    K = cp.num_groups
+    return cp.result(grad_sum=grad_sum, norms=total_norms, loss=losses,
+                     clip_factors=factors[:, 0] if K == 1 else factors, group_norms=None if K == 1 else gnorms,
+                     num_nonfinite=num_nonfinite)
 
 
 def per_example_grads_reference(loss_fn: Callable, params: Any, batch: Any,

@@ -332,6 +332,22 @@ def test_normalized_and_per_layer_clipping():
     np.testing.assert_allclose(cg.sensitivity, np.sqrt(1 + 0.25 + 0.0625), rtol=1e-6)
 
 
+def test_the_sensitivity_is_derived_once_whatever_the_path():
+    # whole batch, a loop over chunks, group_ids units and per-layer groups: ClippedGrad.sensitivity_of each time
+    model = MLP()
+    x = jax.random.normal(jax.random.PRNGKey(4), (6, 7))
+    batch = {"x": x, "y": jnp.array([0, 1, 2, 0, 1, 2])}
+    params = model.init(jax.random.PRNGKey(1), x)["params"]
+    loss_fn = xent(model)
+    Cs = {"['Dense_0']": 1.0, "['Dense_1']": 0.5, "['Dense_2']": 0.25}
+    for kw in ({"batch_chunk": None}, {"batch_chunk": 4}, {"group_ids": jnp.array([0, 1, 0, 1, 2, 2])}):
+        cg = jc.clipped_grad(loss_fn, params, batch, l2_clip=0.3, **kw)
+        assert cg.sensitivity == jc.ClippedGrad.sensitivity_of([0.3]) == pytest.approx(0.3, rel=1e-12)
+        cg = jc.clipped_grad(loss_fn, params, batch, l2_clip=Cs, clip_partition="per_layer", **kw)
+        assert cg.sensitivity == jc.ClippedGrad.sensitivity_of(list(Cs.values()))
+        assert cg.partition_labels == tuple(Cs)
+
+
 def test_padding_mask_matches_subset():
     model = MLP()
     x = jax.random.normal(jax.random.PRNGKey(5), (6, 7))
