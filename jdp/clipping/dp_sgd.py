@@ -30,6 +30,7 @@ from jdp import noise
 from jdp.accounting import ADD_OR_REMOVE_ONE, PrivacyReport, calibrate, compute_epsilon
 from jdp.clipping.engine import METHODS, check_batch_chunk, clipped_grad
 from jdp.clipping.sharding import DATA_AXIS, check_mesh, sharded_sums
+from jdp.sampling import poisson_indices, poisson_keep, poisson_sample, poisson_sample_jit
 from jdp.validation import check_positive, check_privacy
 
 
@@ -57,39 +58,12 @@ def calibrate_noise_multiplier(epsilon: float, delta: float, sampling_rate: floa
 
 
 # ---------------------------------------------------------------------------------------------------
-# Poisson sampling with a static shape.
+# Poisson sampling with a static shape (the sampler itself: `jdp.sampling`).
 def default_max_batch_size(num_examples: int, sampling_rate: float, multiple: int = 8) -> int:
     """Expected size + 6 standard deviations (overflow probability < 1e-8), rounded up."""
     mean = num_examples * sampling_rate
     size = mean + 6.0 * math.sqrt(max(mean * (1 - sampling_rate), 1.0)) + 1
     return int(min(num_examples, multiple * math.ceil(size / multiple)))
-
-
-def poisson_keep(key: jax.Array, num_examples: int, sampling_rate: float) -> jax.Array:
-    """[num_examples] bool: each row in the sample independently with probability sampling_rate (the one
-    sampling rule of every DP-SGD step in jdp)."""
-    return jax.random.uniform(key, (num_examples,)) < sampling_rate
-
-
-def poisson_indices(key: jax.Array, num_examples: int, sampling_rate: float) -> np.ndarray:
-    """All rows of one Poisson sample (`poisson_keep`), variable size, on the host: for callers that lay a
-    sample out in their own physical chunks and `DPSGD.accumulate` them."""
-    return np.flatnonzero(np.asarray(_keep_jit(key, int(num_examples), float(sampling_rate))))
-
-
-def poisson_sample(key: jax.Array, num_examples: int, sampling_rate: float, max_batch_size: int):
-    """Poisson sample of row indices padded to a static size.
-
-    Returns (indices [max_batch_size] int32, mask [max_batch_size] bool, count []). Padding rows repeat
-    index 0 with mask False. When count > max_batch_size the indices are truncated, which does NOT match
-    the accounted mechanism: use `DPSGD.sample`, which then pads to a larger multiple instead (never
-    truncating, never raising).
-    """
-    keep = poisson_keep(key, num_examples, sampling_rate)
-    count = jnp.sum(keep)
-    (idx,) = jnp.nonzero(keep, size=max_batch_size, fill_value=0)
-    mask = jnp.arange(max_batch_size) < count
-    return idx.astype(jnp.int32), mask, count
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -217,10 +191,10 @@ class DPSGD:
         mechanism; only its shape (a compilation, memory) differs. Raising or truncating instead would make the
         output depend on whether one more row was sampled: a release the report does not cover."""
         B = self.max_batch_size
-        idx, mask, count = _poisson_jit(key, self.num_examples, self.sampling_rate, B)
+        idx, mask, count = poisson_sample_jit(key, self.num_examples, self.sampling_rate, B)
         size = B * max(1, -(-int(count) // B))
         if size > B:  # rare: the same sample (same key), padded to k·B rows
-            idx, mask, _ = _poisson_jit(key, self.num_examples, self.sampling_rate, size)
+            idx, mask, _ = poisson_sample_jit(key, self.num_examples, self.sampling_rate, size)
         return idx, mask
 
     def sample_indices(self, key: jax.Array) -> np.ndarray:
@@ -316,8 +290,6 @@ class DPSGD:
         return self.apply(state, acc), metrics
 
 
-_poisson_jit = jax.jit(poisson_sample, static_argnums=(1, 2, 3))
-_keep_jit = jax.jit(poisson_keep, static_argnums=(1, 2))
 @functools.lru_cache(maxsize=32)  # keyed on the frozen config's value: equal configs share one compiled step
 def _jitted(cfg: DPSGD, name: str):
     return jax.jit(getattr(cfg, name))

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jdp import noise
+from jdp.sampling import poisson_keep
 
 PyTree = Any
 
@@ -115,7 +116,7 @@ def train(key, data: PyTree, mask: jax.Array, h0: jax.Array, *, learner, spec: F
             return s, jnp.float32(m)
         # Poisson: every active task joins independently w.p. m/K; process the realised batch in chunks
         # of `cap` tasks (a while loop) so the sample is exact and the shapes static.
-        inc = (jax.random.uniform(ks, (k_total,)) < rate) & (jnp.arange(k_total) < n_active)
+        inc = poisson_keep(ks, k_total, rate) & (jnp.arange(k_total) < n_active)  # jdp's one Poisson sampler
         count = jnp.sum(inc)
         order = jnp.argsort(jnp.where(inc, 0, 1), stable=True)
         order = jnp.concatenate([order, jnp.zeros((cap,), order.dtype)])  # room for the last chunk

@@ -35,6 +35,7 @@ import numpy as np
 from jdp.accounting import PrivacyReport, Release
 from jdp.data.interactions import check_unique_pairs
 from jdp.noise import add_gaussian, clip_by_norm
+from jdp.sampling import poisson_keep
 from jdp.validation import check_positive, check_privacy
 
 
@@ -84,7 +85,7 @@ def _run(key, theta, task, user, x, y, w, n_tasks, n_users, steps, clip_norm, si
 
     def step(theta, k):
         k_sample, k_noise = jax.random.split(k)
-        in_batch = (jax.random.uniform(k_sample, (n_users,)) < q).astype(x.dtype)
+        in_batch = poisson_keep(k_sample, n_users, q).astype(x.dtype)  # jdp's one Poisson sampler
         resid = jnp.einsum("nd,nd->n", theta[task], x) - y
         g_obs = (w * resid)[:, None] * x                                    # per-observation gradient rows
         # ‖G_j‖_F² = Σ_obs ‖g_obs‖², exact because (task, user) pairs are unique (see module docstring)
