@@ -66,7 +66,7 @@ def _clipping() -> list[tuple]:
     name = "clipping_b256_jax_privacy.json"
     rows = {r["method"]: r for r in _load("clipping", name)["results"]}
     out.append(("speed-up over jax_privacy's clipped gradient (same model, B = 256)", "—",
-                f"{rows['jax_privacy']['step_seconds'] / rows['jdp-auto']['step_seconds']:.0f}×", _src("clipping", name)))
+                f"{rows['jax_privacy']['step_seconds'] / rows['jdp-auto']['step_seconds']:.1f}×", _src("clipping", name)))
     return out
 
 

@@ -129,7 +129,7 @@ def render() -> None:
               "6.8 [6.8-7.8], altmin ml-100k 5.0 [5.0-5.3], seqrec 8.6 [8.6-9.7], select run 2.8, select curves 5.3, "
               "meta 6.1 s; the table before (2026-11-29 at fdaa184, another idle host): altmin 8.2 [8.2-9.0], "
               "altmin ml-100k 5.8 [5.8-7.9], seqrec 8.3 [8.3-10.2], select run 2.8, select curves 4.9, meta 6.0 s, "
-              "and on slower hosts (2026-11-27/28, below) seqrec took 10.8-17 s. The quick seqrec run at width 32: "
+              "and on slower hosts (2026-11-27/28, in NOTES.md) seqrec took 10.8-17 s. The quick seqrec run at width 32: "
               "test NDCG@10 0.61-0.63 (seeds 1-3; 0.61-0.62 at width 64, lr 3e-2; the learning rate chosen on "
               "validation over 3e-2, 5e-2, 8e-2 and 0.12), first runs 7.5-7.7 s against 8.3-9.2 s at width 64 in "
               "three interleaved pairs (fresh compilation caches)."]
@@ -139,109 +139,50 @@ def render() -> None:
               "XLA compiling the clipped step (~4 s), the noisy update (~1.5 s), the initialisation and the ranking, "
               "plus ~2 s of imports and the noise calibration. Its second run (new noise seed, new Re-Attention "
               "release) reuses every compilation: the released variances are inputs of the step, not constants. "
-              "`jdp altmin --data synthetic` generates and fits 1M ratings (20,000 users).", "",
-              "seqrec, interleaved runs of two commits on 2026-11-27 (a host ~25% slower than the table's that day: "
-              "the same command took 20.5 s first / 12.8 s cached on it at ef2d707): 21.3 / 23.4 / 23.7 s "
-              "at ef2d707 against 19.4 / 19.6 / 20.0 s at ad49f1b (the calibration beside the initialisation's "
-              "compilation, the update's and the evaluation's compilations beside the first step, the quick run's "
-              "one chunk clipped in one pass; identical metrics). Then still above 10 s: tracing and compiling the DP "
-              "step alone takes 5-7 s (the non-private step 3 s), imports ~2 s.", "",
-              "One block instead of two (159a066) halves the step to compile and is no worse on the planted data "
-              "(test NDCG@10 0.396 vs 0.386, same seed). Interleaved on one host (2026-11-27, whose speed drifted "
-              "±25% within the hour): 16.7 / 15.4 / 14.5 s first run at 7329ff1 against 12.7 / 11.9 / 10.9 s at "
-              "159a066; the table's row then 11.4 s. Tried and not kept: compiling the clipped step beside the noise "
-              "calibration and the initialisation (it does not depend on σ; one compilation, checked with "
-              "JAX_LOG_COMPILES): 14.8 / 14.7 / 13.8 s before against 15.1 / 13.1 / 15.0 s with it, interleaved: "
-              "on 2 cores the compilations already fill both, so running them side by side moves no work off the "
-              "critical path. `XLA_FLAGS=--xla_backend_optimization_level=0` compiles the step in 2.6 s instead of "
-              "5.9 s but runs it 3× slower (0.8 vs 0.27 s per step): 22–28 s in all; level 1 saved nothing then "
-              "(single runs on a host drifting ±25%). Re-measured on 2026-11-27, 4 interleaved runs each, XLA "
-              "cache off: default 10.9 s (10.1-11.4), level 1 10.0 s (9.4-10.5; first step 4.7 → 3.9 s, 0.10 s "
-              "per step either way), `--xla_llvm_disable_expensive_passes` 10.9 s, both 9.9 s: the quick run "
-              "has used level 1 since (when the caller sets no `XLA_FLAGS`).", "",
-              "Tried on 2026-11-29 (scratch, on 3014e33) and not kept: compiling the run-once programs (the model's "
-              "initialisation, the DP-SGD state's allocation) at XLA optimisation level 0 through `jax.jit`'s "
-              "`compiler_options`: the initialisation compiles in 0.53-0.90 s instead of 0.77-0.85 s at the quick "
-              "run's level 1 (1.06-1.25 s at the default level), and the whole first run took 13.7 s against 14.1 s "
-              "(means of 4 interleaved pairs, ranges 12.0-15.9 and 13.5-14.9 s): within the host's noise. That day's "
-              "host ran the first run in 12-16 s at 3014e33, against the table's 10.8 s the day before.", "",
-              "Re-measured on 2026-11-28 (`--only seqrec` at 7bbd059, not kept in the table): 17.2 s first / 11.7 s "
-              "cached, on a host whose XLA compilation ran ~2× slower than the table's; the same command at d142cc6 "
-              "(the table's row) interleaved with 7bbd059, cache off: 16.8 / 17.9 s against 16.8 / 19.2 s, so the "
-              "≤ 10 s target holds on some hosts only. Compilation took ~9 s of it (`JAX_LOG_COMPILES`: clipped step "
-              "3.4-4.8 s, noisy update 1.7-2.8 s, initialisation 1.1-1.4 s, ranking 0.9 s). XLA flags beside level 1, "
-              "two interleaved runs each, cache off, none faster beyond the runs' ±1.5 s spread: level 1 alone "
-              "19.2 / 17.6 s, `--xla_cpu_parallel_codegen_split_count=1` 19.4 / 17.1, `=4` 17.2 / 18.7, "
-              "`--xla_cpu_use_fusion_emitters=false` 16.5 / 17.4 (`--xla_cpu_disable_loop_unrolling` and "
-              "`--xla_cpu_optimize_for_size` are unknown to this jaxlib). Where the noisy update's compilation goes: "
-              "the noise of the model's ~40 leaves is one normal draw sliced per leaf (`jdp.noise.add_gaussian_tree`), "
-              "and XLA copies the cheap tail of the draw's inverse error function into every leaf's fusion (1.3 s to "
-              "compile the noise of such a tree, 0.22 s for the draw alone; an optimization barrier does not survive "
-              "to the CPU compiler); Adam over the same tree compiles in 0.7 s, noise + Adam in 3.1 s, and 2.0-2.3 s "
-              "with the optimizer flattened to one vector (`optax.flatten`; not adopted: the seqrec chain's "
-              "frozen-rows transform and the checkpoints hold the tree). Since 3343277 the draw goes into a buffer of "
-              "its own on CPU (a conditional on a key bit whose two branches are the same draw: a fusion boundary XLA "
-              "keeps, values unchanged): noise + AdamW for a 36-leaf Transformer compiles in 1.4-1.8 s instead of "
-              "2.1-2.5 s, and the quick run's noisy update in 1.4-1.5 s instead of 1.9-2.7 s (two runs each, "
-              "2026-11-28); and since b821b92 each accounted event is computed once per process (the report printed "
-              "and saved and the last epoch reuse the calibration's check: 11 dp_accounting runs instead of 14, "
-              "0.1-0.3 s each). The whole quick run did not measurably move on that day's host (three interleaved "
-              "runs each, cache off: 16.0 / 18.6 / 16.7 s before, 15.0 / 17.3 / 18.2 s after; the same host took "
-              "15.5-17.3 s for the table's command): on such a host the target is out of reach by ~6 s, most of it "
-              "compiling and tracing the clipped step (tracing 1.8 s, compiling 3.5-4.8 s) and importing jdp (3 s, "
-              "2 s of it dp_accounting importing scipy, 1 s of which scipy rewriting docstrings).", "",
-              "**The first step ready when the calibration ends (2026-11-28, 8a6204f, 20edd7e, 77b26fa).** The "
-              "clipped accumulation does not read σ: `jdp.clipping.clipped_accumulate` is the one jitted function "
-              "`DPSGD.accumulate` returns for given clipping settings, so `jdp.seqrec.train` traces it for the first "
-              "step's chunk shapes (the Poisson sample is known before σ) on abstract parameters before the "
-              "calibration starts (both are Python and would take turns on the GIL), compiles it beside the "
-              "calibration and the initialisation, and compiles the noisy update on abstract state as soon as σ is "
-              "known, beside the state's allocation (a test checks each compiles once). The quick run also trains "
-              "without dropout now (2 epochs on a planted first-order rule; `--dropout` keeps the choice): test "
-              "NDCG@10 0.57-0.61 instead of 0.40-0.45, and the step without per-user dropout masks compiles faster. "
-              "Five interleaved pairs on one host, cache off (`/usr/bin/time`; wall / CPU user s): bbe9d3e 18.8 / "
-              "24.9, 17.5 / 23.9, 16.3 / 22.8, 16.5 / 22.5, 16.0 / 22.4 against 15.0 / 22.4, 14.6 / 21.7, 14.9 / "
-              "22.1, 14.2 / 20.7, 12.9 / 18.7 with the three commits: 2.7 s (16%) faster in every pair, the first "
-              "step's wait 6.2-7.7 s → 0.5-0.7 s. Still above 10 s on this host (~1.7× slower than the table's): "
-              "the run uses ~21 s of CPU on 2 cores, most of it XLA compiling (clipped step 3.1-4.1 s, noisy update "
-              "1.3-2.7 s, initialisation 1.0-1.3 s, ranking 1.1 s), dp_accounting's RDP at fractional orders in the "
-              "calibration (~11 runs of 0.1-0.4 s) and the 16 steps (0.12-0.16 s each). Earlier (above) the same "
-              "overlap without the tracing order and the update's early compilation moved nothing.", "",
-              "**altmin, meta and select curves (2026-11-28, 2f9799b, 54e795b, adadf3d, 389ffc0).** `jdp altmin` "
-              "compiled five class-layout solves (`JAX_LOG_COMPILES`: 1.1-2.0 s each): the user solves of training, "
-              "of the validation and test predictions and of the zero-cost model, and the item update. Training "
-              "now holds a_u = 1 with a zero column in the predictions' design (same solutions), and designs of at "
-              "most three columns (rank 0 or 1 with the user bias and scale) are solved from segment sums without a "
-              "class layout, so a rank-0 run compiles one class-layout solve, the item update's. `jdp meta`'s task "
-              "generators draw their normals flat and reshape (`jdp.noise.standard_normal`, the same numbers: "
-              "jax's threefry counts over the flattened index; XLA on CPU compiles the 3-d sampler in ~0.6 s, the "
-              "flat one in ~0.2 s): generation compiled in 1.1 s instead of 3.4 s. `jdp select curves` spends its "
-              "time in the exact probabilities' quadratures, not compiling (first and cached runs alike): the "
-              "Laplace CDF and pdf now share one exp per entry and random stopping no longer takes exp(log CDF). "
-              "Interleaved pairs against b0925dc on one host, cache off (wall s, before → after): altmin synthetic "
-              "16.1-17.1 → 8.7-9.2, altmin ML-100K 9.6-10.7 → 6.3-7.3 (3 pairs each), select curves 10.5-12.7 → "
-              "9.4-10.3 (3 pairs); meta 13.3 → 10.8 (one run each). seqrec is unchanged by these. The table's previous "
-              "run (2026-11-25, commit 3a025d8, one round, a host about 1.4× faster than this one, whose select run "
-              "took 2.6 s against 4.3 s here) had every first run at ≤ 10 s: 8.7 / 5.8 / 9.4 / 2.6 / 7.2 / 7.5 s in "
-              "the table's order; on today's host seqrec missed the target (12.6 s at 389ffc0; 10.8 s at 3e4bf98, whose "
-              "DP-SGD state is allocated by one compiled program instead of an eager op per leaf that competed with "
-              "the first step's compilation: 13.5 → 12.2 s mean over 3 interleaved pairs), and meta (10.6 s) until 967da98 (the "
-              "report's replace-one ε accounted beside the evaluation, 13.7 → 10.4 s against b0925dc) and 8fd8e47 "
-              "(the training program compiled beside the calibration, 10.8 → 9.9 s against 967da98; 3 interleaved "
-              "pairs each, cache off): its row is re-measured at 8fd8e47.", ""]
-    page, _, log = current_names("\n".join(lines)).partition(NOTES_FROM)
-    (RESULTS_DIR.parent / "README.md").write_text(
-        page + "What was measured and tried on the way to these times (interleaved runs of commits, XLA flags, "
-        "compilation beside the calibration): [NOTES.md](NOTES.md).\n")
-    (RESULTS_DIR.parent / "NOTES.md").write_text(NOTES_HEAD + NOTES_FROM + log)
+              "`jdp altmin --data synthetic` generates and fits 1M ratings (20,000 users).", ""]
+    (RESULTS_DIR.parent / "README.md").write_text(current_names("\n".join(lines)) + "\n" + (
+        "What was measured and tried on the way to these times (interleaved runs of commits, XLA flags, compilation "
+        "beside the calibration): [NOTES.md](NOTES.md).\n"))
+    (RESULTS_DIR.parent / "NOTES.md").write_text(NOTES)
 
 
-NOTES_FROM = "seqrec, interleaved runs of two commits on 2026-11-27"
-NOTES_HEAD = """# Time to first result: notes
+NOTES = """# Time to first result: notes
 
-What was measured and tried on the way to the times on [the page](README.md); each paragraph
-names its commits and host. The page holds the current table.
+What was measured and tried on the way to the times on [the page](README.md), shortened (the full prose is in the
+git history of this page and of `benchmarks/README.md`). Runs are interleaved on one host, compilation cache off,
+unless said otherwise; hosts drifted by ±25% within the hour, so only same-session pairs compare.
 
+- **altmin, meta, select curves (2026-11-28; 2f9799b, 54e795b, adadf3d, 389ffc0).** A rank-0 `jdp altmin` compiles
+  one class-layout solve instead of five; `jdp meta`'s generators draw flat normals (generation compiles in 1.1 s
+  instead of 3.4 s); `select curves`' Laplace CDF and pdf share one exp. Against b0925dc: altmin synthetic
+  16.1-17.1 → 8.7-9.2 s, altmin ML-100K 9.6-10.7 → 6.3-7.3 s, select curves 10.5-12.7 → 9.4-10.3 s, meta 13.3 →
+  10.8 s; meta under 10 s after 967da98 (replace-one ε beside the evaluation) and 8fd8e47 (training compiled beside
+  the calibration). seqrec 12.6 s at 389ffc0, 10.8 s at 3e4bf98 (the DP-SGD state allocated by one compiled
+  program). The table before (2026-11-25, 3a025d8, a host ~1.4× faster) had every first run at ≤ 10 s.
+- **seqrec's first step ready when the calibration ends (2026-11-28; 8a6204f, 20edd7e, 77b26fa).** The clipped
+  accumulation (it does not read σ) is traced before the calibration and compiled beside it, the noisy update as
+  soon as σ is known; the quick run trains without dropout (test NDCG@10 0.57-0.61 instead of 0.40-0.45). Five
+  pairs: 2.7 s (16%) faster in every pair, the first step's wait 6.2-7.7 s → 0.5-0.7 s; still above 10 s on that
+  host (~1.7× slower than the table's).
+- **seqrec on a slow host (2026-11-28; 7bbd059, 3343277, b821b92).** 17.2 s first / 11.7 s cached where XLA
+  compiled ~2× slower than on the table's host: the ≤ 10 s target holds on some hosts only. No XLA flag beside
+  level 1 helped beyond the ±1.5 s spread. The noise of the model's ~40 leaves compiled slowly (XLA copies the
+  draw's inverse-erf tail into every leaf's fusion): the draw now goes into a buffer of its own (3343277: noise +
+  AdamW 2.1-2.5 → 1.4-1.8 s; `optax.flatten` would give 2.0-2.3 s but the checkpoints and the frozen-rows transform
+  hold the tree), and each accounted event is computed once per process (b821b92). The whole run did not move
+  measurably there; tracing and compiling the clipped step (~5-6 s) and importing jdp (3 s, 2 s of it scipy via
+  dp_accounting) remained.
+- **Not kept (2026-11-29, 3014e33):** the run-once programs (initialisation, DP-SGD state) compiled at XLA level 0
+  through `compiler_options`: 13.7 s against 14.1 s, within the noise.
+- **One block instead of two (2026-11-27, 159a066)** halves the step to compile at no loss on the planted data
+  (test NDCG@10 0.396 vs 0.386): first run 14.5-16.7 s → 10.9-12.7 s. Not kept: compiling the clipped step beside
+  the calibration and initialisation (on 2 cores the compilations already fill both). XLA level 0 compiles the
+  step in 2.6 s instead of 5.9 s but runs it 3× slower (22-28 s in all); level 1 gave 10.0 s against 10.9 s (4
+  runs each), so the quick run uses level 1 when the caller sets no `XLA_FLAGS`.
+- **Overlapping compilations (2026-11-27, ad49f1b against ef2d707):** the calibration beside the initialisation's
+  compilation, the update's and evaluation's beside the first step, the quick run's one chunk clipped in one pass:
+  19.4-20.0 s against 21.3-23.7 s (a host ~25% slower), identical metrics. Tracing and compiling the DP step alone
+  took 5-7 s (non-private 3 s), imports ~2 s.
 """
 
 
