@@ -62,11 +62,13 @@ def _clipping() -> list[tuple]:
     dp, base = rows["jdp-auto"], rows["nonprivate"]
     out.append(("DP step ÷ non-private step, DPFormer-size model (vocab 23,715), B = 1024", PAPER["clipping_ratio"],
                 f"{dp['step_seconds'] / base['step_seconds']:.2f} at "
-                f"{dp['peak_memory_bytes'] / base['peak_memory_bytes']:.3f}× the memory (2-core CPU)", _src("clipping", name)))
+                f"{dp['peak_memory_bytes'] / base['peak_memory_bytes']:.3f}× the memory (2-core CPU)",
+                _src("clipping", name)))
     name = "clipping_b256_jax_privacy.json"
     rows = {r["method"]: r for r in _load("clipping", name)["results"]}
-    out.append(("speed-up over jax_privacy's clipped gradient (same model, B = 256)", "—",
-                f"{rows['jax_privacy']['step_seconds'] / rows['jdp-auto']['step_seconds']:.1f}×", _src("clipping", name)))
+    speedup = rows["jax_privacy"]["step_seconds"] / rows["jdp-auto"]["step_seconds"]
+    out.append(("speed-up over jax_privacy's clipped gradient (same model, B = 256)", "—", f"{speedup:.1f}×",
+                _src("clipping", name)))
     return out
 
 
@@ -91,7 +93,8 @@ def _selection() -> list[tuple]:
     speed = ", ".join(f"{m} {ratios[m]:.0f}×" for m in ("mgem", "em", "combined-gem"))
     syn = "selection_synthetic.json"
     checks = [v for per_eps in _load("selection", syn)["orderings"].values() for v in per_eps.values()]
-    return [("selections per second ÷ diffprivlib's exponential mechanism (k = 100)", "—", speed, _src("selection", name)),
+    return [("selections per second ÷ diffprivlib's exponential mechanism (k = 100)", "—", speed,
+             _src("selection", name)),
             ("orderings of mechanisms the paper states, synthetic scenarios", "qualitative",
              f"{sum(checks)} of {len(checks)} reproduced", _src("selection", syn))]
 
@@ -134,7 +137,8 @@ def _cli() -> list[tuple]:
     rows = _load("cli", name)["results"]
     slow = max(rows, key=lambda r: r["first_run_seconds"])
     return [("first run of each command's smallest documented run (empty compilation cache)", "—",
-             f"≤ {slow['first_run_seconds']:.1f} s (slowest: `{slow['command']}`; target {slow['target_seconds']:.0f} s)",
+             f"≤ {slow['first_run_seconds']:.1f} s (slowest: `{slow['command']}`; "
+             f"target {slow['target_seconds']:.0f} s)",
              _src("cli", name))]
 
 

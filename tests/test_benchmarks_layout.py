@@ -28,7 +28,8 @@ def test_every_relative_link_resolves():
 def test_link_checker_finds_a_missing_file_and_a_missing_anchor(tmp_path, monkeypatch):
     monkeypatch.setattr(check_links, "ROOT", tmp_path)
     (tmp_path / "a.md").write_text("# Title here\n\n[ok](#title-here) [bad](#nope) [gone](b.md) `[code](c.md)`\n")
-    assert check_links.broken_links([tmp_path / "a.md"]) == ["a.md: #nope (no such anchor)", "a.md: b.md (no such file)"]
+    assert check_links.broken_links([tmp_path / "a.md"]) == [
+        "a.md: #nope (no such anchor)", "a.md: b.md (no such file)"]
 
 
 def test_old_script_names_map_to_existing_modules():

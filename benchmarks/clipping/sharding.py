@@ -4,7 +4,7 @@ On a CPU the devices are XLA's fake host devices (`--xla_force_host_platform_dev
 host's cores: the numbers say what the collectives and the per-device split cost, not what real devices gain.
 Each device count's step and the single-device step without a mesh alternate in one process (interleaved repeats).
 
-    PYTHONPATH=. python -m benchmarks.clipping_sharding [--devices 4] [--batch 512] [--reps 7]
+    PYTHONPATH=. python -m benchmarks.clipping.sharding [--devices 4] [--batch 512] [--reps 7]
 """
 from __future__ import annotations
 
