@@ -133,3 +133,11 @@ def current_names(text: str) -> str:
     text = _OLD_MODULE.sub(lambda m: "benchmarks" + m[1] + RENAMED[m[2]].replace(".", m[1]), text)
     return _OLD_RESULT.sub(lambda m: (f"benchmarks/{_capability_of(m[1])}/results/{m[1]}" if _capability_of(m[1])
                                       else m[0]), text)
+
+
+NAV = "[All benchmarks](../README.md) · [notes: what was tried](NOTES.md)\n\n"
+
+
+def with_nav(page: str) -> str:
+    """A capability page (benchmarks/<capability>/README.md) with the line that links the summary and its notes."""
+    return page if page.startswith(NAV) else NAV + page

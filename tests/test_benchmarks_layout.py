@@ -2,7 +2,7 @@
 import pathlib
 
 from benchmarks import check_links, render_readme
-from benchmarks.common import RENAMED, current_names, results_dir
+from benchmarks.common import NAV, RENAMED, current_names, results_dir
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -18,6 +18,7 @@ def test_summary_links_every_capability_page():
         folder = ROOT / "benchmarks" / cap
         assert f"]({cap}/README.md)" in text, cap
         assert (folder / "README.md").is_file() and (folder / "NOTES.md").is_file(), cap
+        assert (folder / "README.md").read_text().startswith(NAV), cap  # one click back to the summary
         assert (folder / "results").is_dir() and (folder / "__init__.py").is_file(), cap
 
 

@@ -6,7 +6,7 @@ import pathlib
 
 import numpy as np
 
-from benchmarks.common import current_names
+from benchmarks.common import current_names, with_nav
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 OUT = pathlib.Path(__file__).resolve().parent / "README.md"
@@ -623,6 +623,6 @@ def split(text: str) -> tuple[str, str]:
 
 if __name__ == "__main__":
     page, notes = split(current_names(render()))
-    OUT.write_text(page)
+    OUT.write_text(with_nav(page))
     (OUT.parent / "NOTES.md").write_text(notes.replace("\n###", "\n##").replace("\n####", "\n###"))
     print(f"wrote {OUT} and NOTES.md")

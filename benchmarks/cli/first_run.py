@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks.common import current_names, results_dir, write_results
+from benchmarks.common import current_names, results_dir, with_nav, write_results
 
 RESULTS_DIR = results_dir(__file__)
 
@@ -140,7 +140,7 @@ def render() -> None:
               "plus ~2 s of imports and the noise calibration. Its second run (new noise seed, new Re-Attention "
               "release) reuses every compilation: the released variances are inputs of the step, not constants. "
               "`jdp altmin --data synthetic` generates and fits 1M ratings (20,000 users).", ""]
-    (RESULTS_DIR.parent / "README.md").write_text(current_names("\n".join(lines)) + "\n" + (
+    (RESULTS_DIR.parent / "README.md").write_text(with_nav(current_names("\n".join(lines))) + "\n" + (
         "What was measured and tried on the way to these times (interleaved runs of commits, XLA flags, compilation "
         "beside the calibration): [NOTES.md](NOTES.md).\n"))
     (RESULTS_DIR.parent / "NOTES.md").write_text(NOTES)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import pathlib
 
-from benchmarks.common import current_names
+from benchmarks.common import current_names, with_nav
 
 HERE = pathlib.Path(__file__).resolve().parent
 RES = HERE / "results"
@@ -151,7 +151,7 @@ def main() -> None:
               "add/remove ε (row marked fixed). Local training with "
               "λ = 0.8 regularises towards 0; the near-unregularised variant is the stronger baseline and the one "
               "the acceptance check uses. DP-FTMRL uses a fixed FTRL step chosen a priori (η/B = 0.035), not tuned.", ""]
-    (HERE / "README.md").write_text(current_names("\n".join(lines)))
+    (HERE / "README.md").write_text(with_nav(current_names("\n".join(lines))))
     print("\n".join(lines))
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import pathlib
 
-from benchmarks.common import current_names
+from benchmarks.common import current_names, with_nav
 
 ROOT = pathlib.Path(__file__).resolve().parent
 RES = ROOT / "results"
@@ -139,7 +139,7 @@ def main():
               "do worse than UCB and DP-UCB in our design; the paper's positive result is not reproduced.", ""]
     path = ROOT / "README.md"
     path.parent.mkdir(exist_ok=True)
-    path.write_text(current_names("\n".join(lines) + "\n"))
+    path.write_text(with_nav(current_names("\n".join(lines) + "\n")))
     print("wrote", path)
 
 
