@@ -138,7 +138,7 @@ def _by_epsilon_table(res: dict, part: str, suffix: str) -> list[str]:
     name = f"altmin_quality_{part}{suffix}.json"
     lines = [f"`{res['command']}`, commit `{res['git_commit'][:10]}`, {res['device']}. Test RMSE mean ± std over "
              "seeds, [tail-bucket RMSE], (selected dim / reg_scale / user ridge). Head-bucket RMSE and the validation "
-             f"RMSE of every setting tried are in `benchmarks/results/{name}`.", "",
+             f"RMSE of every setting tried are in `benchmarks/altmin/results/{name}`.", "",
              "| method | μ | " + " | ".join("non-private" if e is None else f"ε = {e:g}" for e in eps_all) + " |",
              "|---|---|" + "---|" * len(eps_all)]
     for (method, mu), by_eps in sorted(rows.items(), key=lambda kv: (kv[0][0] != "als", kv[0][0], kv[0][1] or 0)):
@@ -163,7 +163,7 @@ def _appendix_c_table(res: dict, suffix: str) -> list[str]:
     lines = [f"`{res['command']}`, commit `{res['git_commit'][:10]}`, {res['device']}. Task-weighted SSP, test RMSE "
              f"(mean over {'/'.join(map(str, sorted(seeds)))} seeds) and in brackets the tail bucket's RMSE, per "
              f"adaptive exponent μ (μ = 0: uniform weights). The full grid (std, head bucket, the reg_scale selected on "
-             f"validation) is in `benchmarks/results/{name}`.", "",
+             f"validation) is in `benchmarks/altmin/results/{name}`.", "",
              "| data | counts | ε | " + " | ".join(f"μ = {m:.3g}" for m in mus) + " |",
              "|---|---|---|" + "---|" * len(mus)]
     for (data, counts, eps), by_mu in rows.items():

@@ -103,7 +103,7 @@ def render(payload: dict) -> str:
     lines = [
         "## Privacy audit: reported ε beside an empirical lower bound",
         "",
-        f"`{payload['command']}` → `benchmarks/results/{NAME}.json` (commit {payload['git_commit'][:7]}"
+        f"`{payload['command']}` → `benchmarks/privacy/results/{NAME}.json` (commit {payload['git_commit'][:7]}"
         f"{' with uncommitted changes in the tree' if payload['git_commit'].endswith('-dirty') else ''}, "
         f"{payload['device']}, {payload['date'][:10]}, {payload['seconds']:.0f} s). "
         + (payload["note"] + " " if payload.get("note") else "") + "`jdp.audit` runs each routine "
