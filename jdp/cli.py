@@ -8,9 +8,12 @@ import importlib
 import importlib.util
 import json
 import math
+import contextlib
 import os
 import pathlib
+import re
 import sys
+import warnings
 import tempfile
 import threading
 from typing import Any, NoReturn
@@ -74,8 +77,9 @@ def result_json(payload: dict, default=None) -> str:
 
 def write_result(path, payload: dict) -> str:
     """Writes the result JSON (`result_json`) to `path`; returns the line a command prints about it."""
+    replaced = pathlib.Path(path).exists()
     pathlib.Path(path).write_text(result_json(payload) + "\n")
-    return f"wrote {path} (the full result as JSON)"
+    return f"wrote {path} (the full result as JSON{'; it replaced the file that was there' if replaced else ''})"
 
 
 def privacy_lines(privacy: dict | None) -> list[str]:
@@ -126,7 +130,8 @@ def add_data_dir_arguments(parser: argparse.ArgumentParser) -> None:
 
 def noise_seed(args: argparse.Namespace) -> int:
     """The run's noise seed (fresh OS entropy unless --seed was given), announced on stderr."""
-    seed = resolve_seed(args.seed)
+    with flag_names({"seed": "--seed"}):
+        seed = resolve_seed(args.seed)
     origin = "fresh OS entropy" if args.seed is None else "from --seed"
     print(f"noise seed {seed} ({origin}); `--seed {seed}` reproduces this run. Keep it secret: it regenerates "
           "the privacy noise.", file=sys.stderr)
@@ -189,6 +194,47 @@ def move_to_group(parser: argparse.ArgumentParser, title: str, dests: list[str])
                     g._group_actions.remove(action)
             if action not in group._group_actions:
                 group._group_actions.append(action)
+
+
+def named_by_flag(message: str, flags: dict[str, str]) -> str:
+    """`message` (a library's refusal) with each argument name in `flags` replaced by the command-line flag that
+    sets it, where the message states a rule about it ("epochs must ...", "delta = 0.5 >= 1/n", "steps >= 1"):
+    a user of the command reads `--epochs`, not the Python name. Prose around it is left as it is."""
+    for name, flag in flags.items():
+        message = re.sub(rf"(?<![\w-]){re.escape(name)}(?= (?:must|=|>=|<=|>|<|is above)(?:\s|$))", flag, message)
+    return message
+
+
+@contextlib.contextmanager
+def flag_names(flags: dict[str, str]):
+    """Re-raises a ValueError raised inside with its message `named_by_flag(message, flags)` (no traceback
+    of the library is shown by `main` anyway: the message is what the user reads)."""
+    try:
+        yield
+    except ValueError as err:
+        renamed = named_by_flag(str(err), flags)
+        if renamed == str(err):
+            raise
+        raise ValueError(renamed) from err
+
+
+def check_flag_privacy(epsilon: float | None, delta: float, num_units: int | None, unit: str) -> None:
+    """The one privacy rule (`jdp.validation.check_privacy`) on the flags `--epsilon` / `--delta`, called by a
+    command before any work (reading data, drawing a seed). Refusals name the flags; the warnings (ε above
+    `LARGE_EPSILON`, δ above 1/(10 n)) are left to the library's own call, so that each is printed once."""
+    from jdp.validation import check_privacy
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        check_privacy(epsilon, delta, num_units, unit=unit, epsilon_name="--epsilon", delta_name="--delta")
+
+
+def check_at_least(args: argparse.Namespace, minimums: dict[str, int]) -> None:
+    """Refuses, before any work, an integer option below its minimum (`minimums`: dest -> smallest value; None
+    values are the option's default and pass), naming the flag."""
+    for dest, low in minimums.items():
+        value = getattr(args, dest, None)
+        if value is not None and value < low:
+            raise ValueError(f"--{dest.replace('_', '-')} must be >= {low}, got {value}")
 
 
 IMAGE_SUFFIXES_HINT = ".png, .pdf or .svg"
@@ -316,12 +362,15 @@ def _main(argv: list[str] | None) -> int:
         deepest_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         check_outputs(args)  # before any work
+        if getattr(args, "seed", None) is not None:  # a --seed out of range, refused before any work
+            with flag_names({"seed": "--seed"}):
+                resolve_seed(args.seed)
         enable_compilation_cache()
         result = args.func(args)
     except BrokenPipeError:
         raise
     except (ValueError, OSError) as err:  # invalid user input or a missing/unreadable file: no traceback
-        print(f"jdp {getattr(args, 'command', '')}: error: {err}", file=sys.stderr)
+        print(f"{deepest_parser(parser, args).prog}: error: {err}", file=sys.stderr)  # e.g. `jdp select run: error:`
         return 2
     return int(result or 0)
 

@@ -112,7 +112,7 @@ def test_help_shows_defaults_and_groups():
         parser = cli.build_parser([name])
         sub = next(a for a in parser._actions if a.dest == "command").choices[name]
         texts[name] = " ".join(sub.format_help().split())
-    assert "--epsilon EPSILON total ε (ignored for the non-private 'als') (default: 1.0)" in texts["altmin"]
+    assert "--epsilon EPSILON total ε (default: 1.0); refused with the non-private 'als'" in texts["altmin"]
     assert "--epsilon EPSILON (default: 3.0)" in texts["meta"]
     assert "--epsilon EPSILON (default: 8.0)" in texts["seqrec"]
     assert "--delta DELTA (default: 1e-05)" in texts["seqrec"] and "--users USERS (default: 20000)" in texts["demo"]

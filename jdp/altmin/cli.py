@@ -6,12 +6,18 @@ import os
 import pathlib
 
 from jdp.altmin.config import METHODS, AltMinConfig, Method
-from jdp.cli import add_data_dir_arguments, add_seed_arguments, no_out_hint, noise_seed, privacy_lines, write_result
+from jdp.cli import (add_data_dir_arguments, add_seed_arguments, check_at_least, check_flag_privacy, flag_names,
+                     no_out_hint, noise_seed, privacy_lines, write_result)
 
 # The named MovieLens datasets jdp.data.fetch downloads; their public rating scales are the published
 # releases' (jdp.data.movielens.RELEASES): 1-5 in whole stars for ml-100k / ml-1m, 0.5-5 in half stars after.
 MOVIELENS_DATASETS = ("ml-100k", "ml-1m", "ml-10m", "ml-20m", "ml-latest-small")
 GENERATED = ("synthetic", "synthetic-movielens")
+DEFAULT_EPSILON = 1.0
+# the library's names of what the flags set: its refusals are shown with the flags
+FLAGS = {"epsilon": "--epsilon", "delta": "--delta", "mu": "--mu", "dim": "--dim", "steps": "--steps",
+         "budget": "--budget", "ratings_per_user": "--ratings-per-user", "rating_range": "--rating-range",
+         "n_users": "--n-users", "seed": "--seed"}
 
 
 def load_data(name: str | None, path: str | None, data_seed: int = 0, n_users: int = 20_000, n_items: int = 2_000,
@@ -91,7 +97,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "from the file")
     add_data_dir_arguments(p)
     p.add_argument("--method", choices=METHODS, default="ada-dpals")
-    p.add_argument("--epsilon", type=float, default=1.0, help="total ε (ignored for the non-private 'als')")
+    p.add_argument("--epsilon", type=float, default=None,
+                   help=f"total ε (default: {DEFAULT_EPSILON}); refused with the non-private 'als'")
     p.add_argument("--delta", type=float, default=1e-5)
     p.add_argument("--mu", type=float, default=0.25, help="adaptive-weight exponent (ada-* methods)")
     p.add_argument("--dim", type=int, default=None, help="embedding dimension (default: from the data sizes and the noise, see default_dim)")
@@ -127,20 +134,48 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def check_args(args: argparse.Namespace) -> tuple[bool, float | None]:
+    """Every option that can be checked without the data, before any work (reading or generating ratings, drawing
+    the seed); refusals name the flags. Returns (private, ε)."""
+    private = Method.parse(args.method).private
+    if not private and args.epsilon is not None:
+        raise ValueError(f"--epsilon {args.epsilon:g} would be ignored: --method {args.method} is the non-private "
+                         "reference (no noise, reported as epsilon = inf); drop --epsilon or choose a private --method")
+    if args.tune == "private" and not private:
+        raise ValueError("--tune private tunes a private method; 'als' is the non-private reference")
+    epsilon = (DEFAULT_EPSILON if args.epsilon is None else args.epsilon) if private else None
+    generated = (args.data or ("movielens" if args.data_path else "synthetic")) in GENERATED
+    if generated:
+        for what, value in zip(("USERS", "ITEMS", "RATINGS"), args.synthetic_size):
+            if value < 1:
+                raise ValueError(f"--synthetic-size {what} must be >= 1, got {value}")
+    check_at_least(args, {"n_users": 1, "dim": 0, "steps": 1, "budget": 1, "n_shards": 0})
+    # the one privacy rule with the flags' names: δ < 1/n where n is known now (generated or declared users)
+    n_units = args.synthetic_size[0] if generated else args.n_users
+    if private:
+        check_flag_privacy(epsilon, args.delta, n_units, unit="user")
+    with flag_names(FLAGS):  # the configuration's own checks (mu, ratings-per-user, rating range, ...)
+        AltMinConfig(method=args.method, epsilon=epsilon, delta=args.delta, mu=args.mu, dim=args.dim, steps=args.steps,
+                     budget=args.budget, ratings_per_user=args.ratings_per_user,
+                     rating_range=tuple(args.rating_range) if args.rating_range else None).resolve()
+    return private, epsilon
+
+
 def run(args: argparse.Namespace) -> int:
     from jdp.altmin.experiment import rating_experiment
-    data, rating_range, notes = load_data(args.data, args.data_path, args.data_seed, *args.synthetic_size,
-                                          public_users=args.n_users, item_catalogue=args.item_catalogue,
-                                          data_dir=args.data_dir, sha256=args.data_sha256,
-                                          rating_range=tuple(args.rating_range) if args.rating_range else None)
-    private = Method.parse(args.method).private
-    cfg = AltMinConfig(method=args.method, epsilon=args.epsilon if private else None,
+    private, epsilon = check_args(args)
+    with flag_names(FLAGS):
+        data, rating_range, notes = load_data(args.data, args.data_path, args.data_seed, *args.synthetic_size,
+                                              public_users=args.n_users, item_catalogue=args.item_catalogue,
+                                              data_dir=args.data_dir, sha256=args.data_sha256,
+                                              rating_range=tuple(args.rating_range) if args.rating_range else None)
+    if private:  # δ < 1/n of the user id space now known (the users in a file, unless --n-users declared a bound)
+        check_flag_privacy(epsilon, args.delta, data.n_users, unit="user")
+    cfg = AltMinConfig(method=args.method, epsilon=epsilon,
                        delta=args.delta, mu=args.mu, dim=args.dim, steps=args.steps, budget=args.budget,
                        ratings_per_user=args.ratings_per_user, rating_range=rating_range, n_shards=args.n_shards or None,
                        merge_duplicates=args.merge_duplicates,
                        **({"item_bias_mean": args.item_bias_mean} if args.item_bias_mean else {}))
-    if args.tune == "private" and not private:
-        raise ValueError("--tune private tunes a private method; 'als' is the non-private reference")
     row = rating_experiment(data, cfg, seed=noise_seed(args), split_seed=args.data_seed,
                             tune=None if args.tune == "none" else args.tune)
     row["data"] = args.data or ("movielens" if args.data_path else "synthetic")

@@ -15,6 +15,7 @@ import warnings as _warnings
 
 from jdp.cli import add_seed_arguments, no_out_hint, noise_seed, privacy_lines, write_result
 
+DEFAULT_EPSILON = 3.0
 ALGORITHMS = ("meta-nsgd", "clustering", "ftmrl", "nonprivate", "local")
 SETTINGS = ("single-cluster", "multi-cluster", "authors")
 
@@ -32,7 +33,8 @@ def register(subparsers) -> None:
     p.add_argument("--dim", type=int, default=30)
     p.add_argument("--learner", choices=("sgd", "ridge"), default="sgd",
                    help="base learner: fixed-step minibatch SGD (the paper's) or the exact ridge solution")
-    p.add_argument("--epsilon", type=float, default=3.0)
+    p.add_argument("--epsilon", type=float, default=None,
+                   help=f"(default: {DEFAULT_EPSILON}); the private algorithms' target, refused with nonprivate / local")
     p.add_argument("--delta", type=float, default=1e-5)
     p.add_argument("--q", type=int, default=1, help="meta-models (clustering)")
     p.add_argument("--steps", type=int, default=None, help="meta steps T (default K)")
@@ -73,6 +75,11 @@ def run(args) -> int:
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     private = args.algorithm not in ("nonprivate", "local")  # the library's rule, before the tasks are generated
+    if not private and args.epsilon is not None:
+        raise ValueError(f"--epsilon {args.epsilon:g} would be ignored: --algorithm {args.algorithm} releases "
+                         f"{'nothing' if args.algorithm == 'local' else 'without noise (no guarantee)'}; drop --epsilon "
+                         "or choose a private --algorithm")
+    args.epsilon = DEFAULT_EPSILON if args.epsilon is None else args.epsilon
     with _warnings.catch_warnings():  # refusals here; its warnings come once, from the library's own call
         _warnings.simplefilter("ignore", UserWarning)
         check_privacy(args.epsilon if private else None, args.delta, args.n_tasks if private else None, unit="task",

@@ -28,11 +28,27 @@ SCENARIO_DEFAULTS = {"scenario": "bimodal-positive", "problems": 1000, "k": 100}
 
 
 def _load(path: str, name: str) -> np.ndarray:
+    """The array in `path` (.npy, else comma-separated numbers without a header), refused with the flag `name`
+    when it is missing, a folder, empty or not numbers."""
+    import warnings
     p = pathlib.Path(path)
     if not p.exists():
         raise ValueError(f"{name}: file not found: {path}")
-    arr = np.load(p) if p.suffix == ".npy" else np.loadtxt(p, delimiter=",", ndmin=1)
-    return np.asarray(arr, np.float64)  # select shifts each row in float64: never round user scores first
+    if p.is_dir():
+        raise ValueError(f"{name}: {path} is a directory; give a .npy file or a comma-separated text file")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # numpy's "input contained no data": refused below
+            arr = np.load(p) if p.suffix == ".npy" else np.loadtxt(p, delimiter=",", ndmin=1)
+        arr = np.asarray(arr, np.float64)  # select shifts each row in float64: never round user scores first
+    except (ValueError, TypeError, OSError, EOFError) as err:
+        raise ValueError(f"{name}: {path} is not a .npy array or comma-separated numbers (a header line, a "
+                         f"non-numeric field?): {err}") from None
+    if arr.size == 0:
+        raise ValueError(f"{name}: {path} holds no numbers")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name}: {path} holds NaN or inf values ({int(np.sum(~np.isfinite(arr)))} of {arr.size})")
+    return arr
 
 
 def _scenario(name: str):
@@ -54,6 +70,8 @@ def _problem(args):
             raise ValueError(f"{', '.join(given)} describe generated problems and would be ignored beside --scores: "
                              "leave them out (the problems are the rows of --scores)")
         q, d = _load(args.scores, "--scores"), _load(args.sensitivities, "--sensitivities")
+        from jdp.validation import check_scores
+        check_scores(q, d, "--scores", "--sensitivities")  # shapes agree, sensitivities > 0: before any work
         return q, d, "file", f"problems: scores from {args.scores}, sensitivities from {args.sensitivities}"
     if args.sensitivities is not None:
         raise ValueError("--sensitivities without --scores would be ignored (the problems would be generated): "
@@ -135,6 +153,7 @@ def _curves(args) -> int:
     from jdp.validation import check_epsilon
     for e in args.epsilons:
         check_epsilon(e, "--epsilons")
+        _below_max_epsilon(e, "--epsilons")
     for name in ("trials", "k"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
@@ -156,6 +175,15 @@ def _curves(args) -> int:
     return 0
 
 
+def _below_max_epsilon(epsilon: float, flag: str) -> float:
+    """The one rule's bound (`jdp.validation.MAX_EPSILON`), refused before any work with the flag's name."""
+    from jdp.validation import MAX_EPSILON
+    if epsilon > MAX_EPSILON:
+        raise ValueError(f"{flag} {epsilon:g} is above the largest epsilon jdp accepts, {MAX_EPSILON:g}: at such an "
+                         "epsilon a selection protects nothing; give a meaningful epsilon (at most 30 or so)")
+    return epsilon
+
+
 def run(args) -> int:
     from jdp import selection as S
     if args.select_command == "list":
@@ -171,7 +199,7 @@ def _run(args, S) -> int:
     import jax
 
     from jdp.validation import check_epsilon
-    epsilon = check_epsilon(args.epsilon, "--epsilon")
+    epsilon = _below_max_epsilon(check_epsilon(args.epsilon, "--epsilon"), "--epsilon")
     if args.max_print < 0:
         raise ValueError(f"--max-print must be >= 0, got {args.max_print}")
     params = _params(args.param)
@@ -234,12 +262,15 @@ def register(subparsers) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="select_command", required=True)
 
-    def common(sp, data=True):
+    def common(sp, data=True, noise=True, problems=True):
         sp.add_argument("--out", default=None, help="write the full result as JSON here (the summary is printed)")
-        if data:  # `run` draws noise (--seed); every command with data draws synthetic problems (--data-seed)
+        # only what a command uses: `run` draws noise (--seed); commands that generate problems take --data-seed
+        # (`list` neither, `recommend` draws no noise): an option that would be ignored is not offered
+        if data and noise:
             add_seed_arguments(sp)
-        else:
-            sp.add_argument("--data-seed", type=int, default=0, help="seed of synthetic problems")
+        elif problems:
+            sp.add_argument("--data-seed", type=int, default=0,
+                            help="seed of synthetic data generation (not of any noise)")
         if data:
             sp.add_argument("--scores", default=None, help=".npy or CSV, [B, k] or [k]")
             sp.add_argument("--sensitivities", default=None, help=".npy or CSV, [k] or [B, k] (public); with --scores")
@@ -249,7 +280,7 @@ def register(subparsers) -> None:
                             help="generated problems B when no --scores (default: 1000)")
             sp.add_argument("--k", type=int, default=None, help="candidates per generated problem (default: 100)")
 
-    common(sub.add_parser("list", help="list mechanisms"), data=False)
+    common(sub.add_parser("list", help="list mechanisms"), data=False, problems=False)
     r = sub.add_parser("run", help="run a private mechanism on every row")
     r.add_argument("--mechanism", default="rnm-exp", help="a private mechanism (see `jdp select list`)")
     r.add_argument("--epsilon", type=float, required=True, help="epsilon of each selection")
@@ -269,7 +300,8 @@ def register(subparsers) -> None:
     c.add_argument("--mechanisms", nargs="+", default=None, help="(default: scenarios.DEFAULT_MECHANISMS)")
     common(c, data=False)
     c.add_argument("--plot", default=None, help="PNG: expected squared error against ε per mechanism")
-    common(sub.add_parser("recommend", help="NON-PRIVATE: suggest a mechanism from score/sensitivity correlation"))
+    common(sub.add_parser("recommend", help="NON-PRIVATE: suggest a mechanism from score/sensitivity correlation"),
+           noise=False)
     p.set_defaults(func=run)
 
 

@@ -24,8 +24,8 @@ import time
 
 import numpy as np
 
-from jdp.cli import (add_data_dir_arguments, add_seed_arguments, move_to_group, no_out_hint, noise_seed,
-                     privacy_lines, write_result)
+from jdp.cli import (add_data_dir_arguments, add_seed_arguments, check_at_least, check_flag_privacy, flag_names,
+                     move_to_group, no_out_hint, noise_seed, privacy_lines, write_result)
 from jdp.clipping.engine import METHODS as CLIPPING_METHODS
 from jdp.seqrec.models import MODELS, NORMS
 from jdp.seqrec.train import DEFAULT_WINDOWS, ITEM_INIT_EPSILON_SHARE, ITEM_INITS, NEGATIVE_SAMPLERS, TrainConfig
@@ -47,8 +47,9 @@ def register(subparsers) -> None:
                    help="transitions: number of candidate items (public choice; the best K shrinks with ε and "
                         "with fewer users: ~500 on Amazon Games, ~100 on ML-100K at ε = 8)")
     p.add_argument("--history", type=int, default=3, help="transitions: recent items whose rows score a user")
-    p.add_argument("--epsilon", type=float, default=8.0)
-    p.add_argument("--non-private", action="store_true", help="NON-PRIVATE reference run (ignores --epsilon)")
+    p.add_argument("--epsilon", type=float, default=None, help=f"(default: {DEFAULT_EPSILON}); refused with --non-private")
+    p.add_argument("--non-private", action="store_true",
+                   help="NON-PRIVATE reference run (no noise; refused beside --epsilon)")
     p.add_argument("--delta", type=float, default=1e-5)
     p.add_argument("--epochs", type=float, default=None,
                    help="default 100 (the paper's protocol) / 2 with --data synthetic (a quick first run)")
@@ -144,6 +145,19 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+DEFAULT_EPSILON = 8.0
+# the library's names of what the flags set (TrainConfig, data.load): its refusals are shown with the flags
+FLAGS = {"epsilon": "--epsilon", "delta": "--delta", "epochs": "--epochs", "lr": "--lr", "l2_clip": "--clip",
+         "hist_noise_multiplier": "--hist-noise-multiplier", "weight_decay": "--weight-decay",
+         "warmup_frac": "--warmup-frac", "batch_size": "--batch-size", "chunk_rows": "--chunk-rows", "d": "--d",
+         "heads": "--heads", "blocks": "--blocks", "maxlen": "--maxlen", "dropout": "--dropout",
+         "ffn_dim": "--ffn-dim", "item_dim": "--item-dim", "negatives": "--negatives",
+         "trainable_items": "--trainable-items", "item_init_k": "--item-init-k", "item_init_noise": "--item-init-noise",
+         "eval_every_epochs": "--eval-every", "length_buckets": "--length-buckets", "n_users_public": "--n-users",
+         "min_item_count": "--min-item-count", "vocab_noise_multiplier": "--vocab-noise-multiplier",
+         "k": "--k", "history": "--history"}
+
+
 # `jdp seqrec --help`, grouped (the options not named here stay under "options")
 HELP_GROUPS = {
     "data": ["data", "data_path", "data_dir", "data_sha256", "data_seed", "maxlen", "n_users", "vocabulary",
@@ -192,6 +206,79 @@ def quick_compile_flags() -> bool:
     return True
 
 
+def _train_config(args: argparse.Namespace, maxlen: int) -> TrainConfig:
+    """The TrainConfig of the flags (defaults by dataset: the quick synthetic run, the papers' otherwise) for windows
+    of `maxlen` items."""
+    movielens = args.data in ("ml-100k", "ml-1m")
+    synthetic = args.data == "synthetic"
+    # the quick run: no dropout (2 epochs on a planted first-order rule: a regulariser only slows it down, and
+    # its per-user masks double the step's compilation); width 32 at lr 8e-2 (first runs on a 2-core CPU, 3 pairs:
+    # 7.5-7.7 s vs 8.3-9.2 s at width 64 and lr 3e-2; test NDCG@10 0.61-0.63 vs 0.61-0.62, seeds 1-3, lr from
+    # validation over {3e-2, 5e-2, 8e-2, 1.2e-1})
+    dropout = args.dropout if args.dropout is not None else (0.2 if movielens else 0.0 if synthetic else 0.5)
+    epochs = args.epochs if args.epochs is not None else (2.0 if synthetic else 100.0)
+    lr = args.lr if args.lr is not None else (8e-2 if synthetic else 1e-3)
+    batch_size = args.batch_size if args.batch_size is not None else (256 if synthetic else 1024)
+    chunk_rows = (args.chunk_rows if args.chunk_rows is not None
+                  else int(1.25 * batch_size) * maxlen if synthetic else TrainConfig.chunk_rows)
+    buckets = (args.length_buckets if args.length_buckets is not None
+               else "" if synthetic else ",".join(map(str, DEFAULT_WINDOWS)))
+    try:
+        windows = tuple(int(b) for b in buckets.split(",") if b.strip())
+    except ValueError:
+        raise ValueError(f"--length-buckets must be comma-separated integers, got {buckets!r}") from None
+    return TrainConfig(model=args.model, epsilon=_epsilon(args), delta=args.delta,
+                       epochs=epochs, batch_size=batch_size, lr=lr, warmup_frac=args.warmup_frac,
+                       weight_decay=args.weight_decay, l2_clip=args.clip, normalize=args.normalize,
+                       d=args.d if args.d is not None else (32 if synthetic else 64),
+                       heads=args.heads, blocks=args.blocks if args.blocks is not None else (1 if synthetic else 2),
+                       dropout=dropout, norm=args.norm, ffn_dim=args.ffn_dim, item_dim=args.item_dim,
+                       chunk_rows=chunk_rows, clipping=args.clipping, hist_noise_multiplier=args.hist_noise_multiplier,
+                       eval_every_epochs=args.eval_every, mask_history=args.mask_history, length_buckets=windows,
+                       n_users_public=args.n_users, negatives=args.negatives,
+                       negative_sampler=args.negative_sampler, trainable_items=args.trainable_items,
+                       item_init=args.item_init, item_init_k=args.item_init_k, item_init_noise=args.item_init_noise,
+                       freeze_item_table=args.freeze_item_table,
+                       # the quick run's one small chunk in one pass: ~1.5 s less tracing and compiling
+                       batch_chunk=None if synthetic else TrainConfig.batch_chunk)
+
+
+def _epsilon(args: argparse.Namespace) -> float | None:
+    """ε of the run: None for --non-private, else --epsilon (default `DEFAULT_EPSILON`)."""
+    return None if args.non_private else DEFAULT_EPSILON if args.epsilon is None else args.epsilon
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Every option that can be checked without the data, before any work (reading or generating the data, drawing
+    the seed); refusals name the flags."""
+    from jdp.seqrec import data as data_mod
+    if args.non_private and args.epsilon is not None:
+        raise ValueError(f"--epsilon {args.epsilon:g} would be ignored by --non-private (no noise, no guarantee): "
+                         "drop one of them")
+    check_at_least(args, {"k": 1, "history": 1, "maxlen": 1, "d": 1, "heads": 1, "blocks": 1, "ffn_dim": 1,
+                          "item_dim": 1, "batch_size": 1, "chunk_rows": 1, "negatives": 0, "trainable_items": 0,
+                          "item_init_k": 1, "n_users": 1, "max_steps": 1})
+    if args.time_limit is not None and not args.time_limit > 0:
+        raise ValueError(f"--time-limit must be > 0, got {args.time_limit}")
+    # the one privacy rule with the flags' names; δ < 1/n here when --n-users declares n, else once the data are read
+    check_flag_privacy(_epsilon(args), args.delta, args.n_users, unit="user")
+    if args.resume and not args.checkpoint:
+        raise ValueError("--resume needs --checkpoint")
+    if args.checkpoint and pathlib.Path(args.checkpoint).exists() and not args.resume:
+        raise ValueError(f"--checkpoint {args.checkpoint} exists: pass --resume to continue it, or remove it")
+    if args.resume and not pathlib.Path(args.checkpoint).is_file():
+        raise ValueError(f"--resume: the checkpoint {args.checkpoint} does not exist (nothing to continue)")
+    for flag, path in (("--public-item-counts", args.public_item_counts), ("--item-catalogue", args.item_catalogue)):
+        if path and not pathlib.Path(path).exists():
+            raise ValueError(f"{flag}: {path} does not exist")
+    if args.model != "transitions":
+        maxlen = args.maxlen if args.maxlen is not None else (
+            data_mod.MOVIELENS_MAXLEN if args.data in ("ml-100k", "ml-1m") else
+            data_mod.SYNTHETIC_MAXLEN if args.data == "synthetic" else data_mod.AMAZON_MAXLEN)
+        with flag_names(FLAGS):
+            _train_config(args, maxlen).validate()
+
+
 def run(args: argparse.Namespace) -> int:
     import jax
 
@@ -219,6 +306,7 @@ def run(args: argparse.Namespace) -> int:
     if args.data_path and args.data_sha256:
         raise ValueError(f"--data-sha256 checks a download, but --data-path {args.data_path} downloads nothing: "
                          "drop one of them")
+    check_args(args)
     if args.data == "synthetic" and args.epochs is None and args.model != "transitions":
         quick_compile_flags()
     t0 = time.perf_counter()
@@ -239,53 +327,26 @@ def run(args: argparse.Namespace) -> int:
     seed = noise_seed(args)
     k_train = jax.random.key(seed)
     k_vocab = jax.random.fold_in(k_train, 0x766F63)  # its own stream; training keeps key(seed)
-    d = data_mod.load(args.data, path=path, maxlen=args.maxlen, vocabulary=args.vocabulary,
-                      item_catalogue=catalogue, min_item_count=args.min_item_count,
-                      vocab_noise_multiplier=args.vocab_noise_multiplier, key=k_vocab, delta=args.delta,
-                      data_seed=args.data_seed)
+    with flag_names(FLAGS):
+        d = data_mod.load(args.data, path=path, maxlen=args.maxlen, vocabulary=args.vocabulary,
+                          item_catalogue=catalogue, min_item_count=args.min_item_count,
+                          vocab_noise_multiplier=args.vocab_noise_multiplier, key=k_vocab, delta=args.delta,
+                          data_seed=args.data_seed)
+    # δ < 1/N of the declared users (--n-users), else of the users read: refused with the flag's name before training
+    check_flag_privacy(_epsilon(args), args.delta, args.n_users or d.n_users, unit="user")
     t_load = time.perf_counter() - t0
     if args.model == "transitions":
         return _run_transitions(args, d, k_train, seed, t_load)
-    movielens = args.data in ("ml-100k", "ml-1m")
-    synthetic = args.data == "synthetic"
-    # the quick run: no dropout (2 epochs on a planted first-order rule: a regulariser only slows it down, and
-    # its per-user masks double the step's compilation); width 32 at lr 8e-2 (first runs on a 2-core CPU, 3 pairs:
-    # 7.5-7.7 s vs 8.3-9.2 s at width 64 and lr 3e-2; test NDCG@10 0.61-0.63 vs 0.61-0.62, seeds 1-3, lr from
-    # validation over {3e-2, 5e-2, 8e-2, 1.2e-1})
-    dropout = args.dropout if args.dropout is not None else (0.2 if movielens else 0.0 if synthetic else 0.5)
-    epochs = args.epochs if args.epochs is not None else (2.0 if synthetic else 100.0)
-    lr = args.lr if args.lr is not None else (8e-2 if synthetic else 1e-3)
-    batch_size = args.batch_size if args.batch_size is not None else (256 if synthetic else 1024)
-    chunk_rows = (args.chunk_rows if args.chunk_rows is not None
-                  else int(1.25 * batch_size) * d.maxlen if synthetic else TrainConfig.chunk_rows)
-    buckets = (args.length_buckets if args.length_buckets is not None
-               else "" if synthetic else ",".join(map(str, DEFAULT_WINDOWS)))
-    cfg = TrainConfig(model=args.model, epsilon=None if args.non_private else args.epsilon, delta=args.delta,
-                      epochs=epochs, batch_size=batch_size, lr=lr, warmup_frac=args.warmup_frac,
-                      weight_decay=args.weight_decay, l2_clip=args.clip, normalize=args.normalize,
-                      d=args.d if args.d is not None else (32 if synthetic else 64),
-                      heads=args.heads, blocks=args.blocks if args.blocks is not None else (1 if synthetic else 2),
-                      dropout=dropout, norm=args.norm, ffn_dim=args.ffn_dim, item_dim=args.item_dim, chunk_rows=chunk_rows,
-                      clipping=args.clipping, hist_noise_multiplier=args.hist_noise_multiplier,
-                      eval_every_epochs=args.eval_every, mask_history=args.mask_history,
-                      length_buckets=tuple(int(b) for b in buckets.split(",") if b.strip()),
-                      n_users_public=args.n_users, negatives=args.negatives,
-                      negative_sampler=args.negative_sampler, trainable_items=args.trainable_items,
-                      item_init=args.item_init, item_init_k=args.item_init_k, item_init_noise=args.item_init_noise,
-                      freeze_item_table=args.freeze_item_table,
-                      # the quick run's one small chunk in one pass: ~1.5 s less tracing and compiling
-                      batch_chunk=None if synthetic else TrainConfig.batch_chunk)
+    with flag_names(FLAGS):
+        cfg = _train_config(args, d.maxlen)
     public = None
     if args.public_item_counts:
         public = np.load(args.public_item_counts)
-    if args.resume and not args.checkpoint:
-        raise ValueError("--resume needs --checkpoint")
-    if args.checkpoint and pathlib.Path(args.checkpoint).exists() and not args.resume:
-        raise ValueError(f"{args.checkpoint} exists: pass --resume to continue it, or remove it")
-    res = train(d, cfg, k_train, public_item_counts=public, checkpoint=args.checkpoint,
-                progress=not args.no_progress, max_steps=args.max_steps,
-                max_seconds=args.time_limit, show_private_diagnostics=args.show_private_diagnostics,
-                time_budget_s=None if args.max_minutes is None else 60.0 * args.max_minutes)
+    with flag_names(FLAGS):
+        res = train(d, cfg, k_train, public_item_counts=public, checkpoint=args.checkpoint,
+                    progress=not args.no_progress, max_steps=args.max_steps,
+                    max_seconds=args.time_limit, show_private_diagnostics=args.show_private_diagnostics,
+                    time_budget_s=None if args.max_minutes is None else 60.0 * args.max_minutes)
     out = {
         "data": args.data, **({"data_seed": args.data_seed} if args.data == "synthetic" else {}), "model": args.model, "epsilon": cfg.epsilon, "delta": cfg.delta, "seed": seed,
         "device": jax.devices()[0].device_kind, "xla_flags": os.environ.get("XLA_FLAGS"), "n_users": d.n_users, "n_items": d.n_items, "maxlen": d.maxlen,
@@ -317,6 +378,10 @@ def _report(args: argparse.Namespace, out: dict, privacy, plot) -> int:
     then prints the summary: data, where training stopped, test / validation NDCG@10 and HIT@10 in percent, the
     baselines, the privacy report and a warning for each baseline the model does not beat."""
     out["metric_units"] = METRIC_UNITS
+    privacy_dict = out.get("privacy") or {}
+    if privacy_dict.get("assumptions"):  # the library names its argument; a command-line user sets the flag
+        privacy_dict["assumptions"] = [a.replace("TrainConfig(n_users_public=...)", "--n-users N")
+                                       for a in privacy_dict["assumptions"]]
     warnings = baseline_warnings(out["metrics"], out["baselines"])
     if warnings:
         out.setdefault("warnings", []).extend(warnings)
@@ -364,7 +429,7 @@ def _run_transitions(args: argparse.Namespace, d, key, seed: int, t_load: float)
     from jdp.seqrec import transitions as T
     public = np.load(args.public_item_counts) if args.public_item_counts else None
     t0 = time.perf_counter()
-    model = T.fit(d, None if args.non_private else args.epsilon, args.delta, args.k, key, history=args.history,
+    model = T.fit(d, _epsilon(args), args.delta, args.k, key, history=args.history,
                   public_item_counts=public)
     fit_s = time.perf_counter() - t0
     mv, mt = model.evaluate(d.valid_input, d.valid_target), model.evaluate(d.test_input, d.test_target)
@@ -373,7 +438,7 @@ def _run_transitions(args: argparse.Namespace, d, key, seed: int, t_load: float)
     # popularity from the release or declared counts only (the non-private reference's counts are exact)
     baselines = E.baseline_metrics(d, public if public is not None else model.counts if model.report else None)
     out = {"data": args.data, **({"data_seed": args.data_seed} if args.data == "synthetic" else {}),
-           "model": "transitions", "epsilon": None if args.non_private else args.epsilon, "delta": args.delta,
+           "model": "transitions", "epsilon": _epsilon(args), "delta": args.delta,
            "seed": seed, "n_users": d.n_users, "n_items": d.n_items, "maxlen": d.maxlen, "k": args.k,
            "history": args.history, "noise_multiplier": model.noise_multiplier,
            "vocabulary": args.vocabulary, "vocabulary_assumptions": list(d.vocab_assumptions),
