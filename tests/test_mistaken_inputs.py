@@ -173,3 +173,13 @@ def test_demo_writes_out_and_plot_before_the_table(monkeypatch, capsys, tmp_path
     printed = capsys.readouterr().out
     assert len(json.loads(out.read_text())["rows"]) == 9 and png.stat().st_size > 1000
     assert f"wrote {out}" in printed and f"wrote {png}" in printed
+
+
+def test_select_refuses_a_sequential_total_beyond_max_epsilon(capsys):
+    """--rows-share-data with 10,000 rows at ε = 1 composes to thousands (the accountant did not finish in 200 s):
+    refused before any selection; 20 rows compose to a total the report states."""
+    _refused(capsys, ["select", "run", "--epsilon", "1", "--rows-share-data", "--problems", "10000", "--k", "5"],
+             "--rows-share-data composes 10,000 selections", "1000")
+    assert main(["select", "run", "--epsilon", "1", "--rows-share-data", "--problems", "20", "--k", "5",
+                 "--seed", "1"]) == 0
+    assert "total epsilon" in capsys.readouterr().out

@@ -184,6 +184,23 @@ def _below_max_epsilon(epsilon: float, flag: str) -> float:
     return epsilon
 
 
+def _check_sequential_total(S, mechanism: str, epsilon: float, rows: int, params: dict) -> None:
+    """--rows-share-data composes one selection per row. Refused before any work when the total is surely above
+    `MAX_EPSILON`: each selection's event is a randomized response at its ε1 (the report of one), and the composed
+    ε of `rows` of them is at least about their mean privacy loss, rows · ε1 · tanh(ε1 / 2) (such a total would also
+    take the accountant minutes: 10,000 selections at ε = 1 did not finish in 200 s)."""
+    import math
+
+    from jdp.validation import MAX_EPSILON
+    one = S.privacy_report(mechanism, epsilon, count=1, **params).to_dict().get("epsilon") or 0.0
+    least = rows * one * math.tanh(one / 2)
+    if least > MAX_EPSILON:
+        raise ValueError(f"--rows-share-data composes {rows:,} selections at epsilon {one:.4g} each: the total would "
+                         f"be above {least:,.0f}, beyond the largest epsilon jdp accepts ({MAX_EPSILON:g}), a guarantee "
+                         "that protects nothing. Give fewer rows or a smaller --epsilon, or leave out --rows-share-data "
+                         "if each row reads only its own users' data")
+
+
 def run(args) -> int:
     from jdp import selection as S
     if args.select_command == "list":
@@ -210,6 +227,8 @@ def _run(args, S) -> int:
     mech = S.get_mechanism(args.mechanism)  # private registry only
     mech.check_params(params)
     q, d, source, described = _problem(args)
+    if args.rows_share_data:
+        _check_sequential_total(S, args.mechanism, epsilon, int(np.prod(q.shape[:-1])), params)
     seed = noise_seed(args)
     key = jax.random.key(seed)
     t0 = time.perf_counter()
