@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +27,7 @@ import optax
 from dp_accounting import dp_event as dpe
 
 from jdp import noise
-from jdp.accounting import ADD_OR_REMOVE_ONE, PrivacyReport, calibrate, compute_epsilon
+from jdp.accounting import ADD_OR_REMOVE_ONE, PrivacyReport, Release, calibrate, compute_epsilon
 from jdp.clipping.engine import METHODS, check_batch_chunk, clipped_grad
 from jdp.clipping.sharding import DATA_AXIS, check_mesh, sharded_sums
 from jdp.sampling import poisson_indices, poisson_keep, poisson_sample, poisson_sample_jit
@@ -49,12 +49,31 @@ def dp_sgd_event(noise_multiplier: float, sampling_rate: float, steps: int) -> d
 
 
 def calibrate_noise_multiplier(epsilon: float, delta: float, sampling_rate: float, steps: int,
-                               accountant: str = "rdp") -> float:
-    """Smallest noise multiplier sigma whose `dp_sgd_event` spends at most (epsilon, delta)."""
+                               accountant: str = "rdp", before: Sequence[dpe.DpEvent] | None = None) -> float:
+    """Smallest noise multiplier sigma whose `dp_sgd_event` spends at most (epsilon, delta); with `before` (the
+    dp_accounting events of releases made before training, e.g. `Release.composed_event()` of each), the smallest
+    whose steps composed after them spend at most (epsilon, delta) in total."""
     epsilon, delta = check_privacy(epsilon, delta, None)
     dp_sgd_event(1.0, sampling_rate, steps)  # validates q and steps
-    return calibrate(lambda s: dp_sgd_event(s, sampling_rate, steps), epsilon, delta,
-                     bracket=(1e-2, 1e4), accountant=accountant)
+
+    def event(s):
+        steps_event = dp_sgd_event(s, sampling_rate, steps)
+        return steps_event if before is None else dpe.ComposedDpEvent(list(before) + [steps_event])
+    return calibrate(event, epsilon, delta, bracket=(1e-2, 1e4), accountant=accountant)
+
+
+DP_SGD_RELEASE = "dp-sgd noisy clipped gradient sum"
+
+
+def dp_sgd_release(noise_multiplier: float, sampling_rate: float, sensitivity: float, steps: int,
+                   name: str = DP_SGD_RELEASE) -> Release:
+    """The report's line for `steps` DP-SGD steps: each a Poisson-sampled (rate q) Gaussian release of a clipped sum
+    of L2 sensitivity `sensitivity`, noise std noise_multiplier * sensitivity."""
+    if int(steps) < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    event = dpe.PoissonSampledDpEvent(sampling_rate, dpe.GaussianDpEvent(noise_multiplier))
+    return Release(name, event, sensitivity=float(sensitivity), noise_scale=float(noise_multiplier * sensitivity),
+                   count=int(steps))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -171,10 +190,7 @@ class DPSGD:
         """PrivacyReport of `steps` (default: all planned) DP-SGD steps."""
         n = self.steps if steps is None else int(steps)
         rep = PrivacyReport(self.delta, unit=self.unit, relation=ADD_OR_REMOVE_ONE, accountant=self.accountant)
-        rep.add("dp-sgd noisy clipped gradient sum", dpe.PoissonSampledDpEvent(
-            self.sampling_rate, dpe.GaussianDpEvent(self.noise_multiplier)),
-            sensitivity=self.l2_clip, noise_scale=self.noise_multiplier * self.l2_clip, count=n)
-        return rep
+        return rep.add_release(dp_sgd_release(self.noise_multiplier, self.sampling_rate, self.l2_clip, n))
 
     def transform(self, key: jax.Array) -> optax.GradientTransformation:
         return optax.chain(dp_aggregate(self.noise_multiplier, self.l2_clip, self.expected_batch_size, key),
@@ -385,6 +401,6 @@ def dp_sgd(loss_fn: Callable, optimizer: optax.GradientTransformation, *, num_ex
                  method, bool(normalize), accountant, unit, batch_chunk, mesh, data_axis)
 
 
-__all__ = ["DPAggregateState", "DPSGD", "DPSGDState", "calibrate_noise_multiplier", "clipped_accumulate",
-           "default_max_batch_size", "dp_aggregate", "dp_sgd", "dp_sgd_event", "poisson_indices", "poisson_keep",
-           "poisson_sample"]
+__all__ = ["DPAggregateState", "DPSGD", "DPSGDState", "DP_SGD_RELEASE", "calibrate_noise_multiplier",
+           "clipped_accumulate", "default_max_batch_size", "dp_aggregate", "dp_sgd", "dp_sgd_event", "dp_sgd_release",
+           "poisson_indices", "poisson_keep", "poisson_sample"]

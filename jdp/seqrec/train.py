@@ -38,8 +38,8 @@ from tqdm.auto import tqdm
 
 from jdp import accounting
 from jdp.clipping import METHODS as CLIPPING_METHODS
-from jdp.clipping.dp_sgd import (clipped_accumulate, dp_sgd, dp_sgd_event, poisson_indices, with_noise_key,
-                                  without_noise_key)
+from jdp.clipping.dp_sgd import (calibrate_noise_multiplier, clipped_accumulate, dp_sgd, dp_sgd_event,
+                                  dp_sgd_release, poisson_indices, with_noise_key, without_noise_key)
 from jdp.clipping.engine import check_batch_chunk, split_into_chunks
 from jdp.seqrec import reattention as ra
 from jdp.seqrec import transitions as tr
@@ -65,6 +65,7 @@ ITEM_INITS = ("random", "transitions")
 # item_init="transitions" without a declared noise: the item releases alone would spend this share of ε (a public
 # rule; under RDP composition the DP-SGD steps' σ then grows by ~10% at ε = 8, not by half)
 ITEM_INIT_EPSILON_SHARE = 0.5
+DP_SGD_STEP = "DP-SGD step (Poisson-sampled Gaussian)"  # the report's name of the training steps' release
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,11 +238,10 @@ def privacy_setup(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_c
             counts_rel = ra.private_item_counts(key, item_presence(data.train_input, data.train_target, M),
                                                 L + 1, cfg.hist_noise_multiplier, report)
     start = _item_start(data, cfg, start_key, report, public_item_counts)
-    fixed = [r.composed_event() for r in report.releases]
-    sigma = accounting.calibrate(lambda s: dpe.ComposedDpEvent(fixed + [dp_sgd_event(s, q, steps)]),
-                                 cfg.epsilon, cfg.delta, bracket=(0.05, 500.0))
-    report.add("DP-SGD step (Poisson-sampled Gaussian)", dp_sgd_event(sigma, q, 1),
-               sensitivity=cfg.l2_clip, noise_scale=sigma * cfg.l2_clip, count=steps)
+    # DP-SGD's own calibration and report line, its σ calibrated for the steps composed after the releases above
+    sigma = calibrate_noise_multiplier(cfg.epsilon, cfg.delta, q, steps,
+                                       before=[r.composed_event() for r in report.releases])
+    report.add_release(dp_sgd_release(sigma, q, cfg.l2_clip, steps, name=DP_SGD_STEP))
     return PrivacySetup(report, float(sigma), counts_rel, start)
 
 
@@ -539,14 +539,94 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     if time_budget_s is not None:
         check_positive(time_budget_s, "time_budget_s")
     t_start = time.perf_counter()
-    L, M = data.maxlen, data.n_items
-    N, q, steps = sampling_plan(data, cfg)
-    private = cfg.epsilon is not None
+    plan = sampling_plan(data, cfg)
     ckpt = pathlib.Path(checkpoint) if checkpoint else None
     record = run_record(data, cfg, key, public_item_counts) if ckpt is not None else None
     resuming = ckpt is not None and ckpt.exists()
     if resuming:  # before any work or release
         check_resumable(ckpt, record)
+    run = _prepare(data, cfg, plan, key, public_item_counts, resuming, initial_params, evaluate_test)
+    start, history = _resume(run, ckpt) if resuming else (0, [])
+    stop = run.steps if max_steps is None else min(run.steps, start + int(max_steps))
+    loop = _Loop(start, stop, history, per_epoch=max(1, int(math.ceil(run.N / cfg.batch_size))))
+    loop.checkpoint_every = loop.per_epoch if checkpoint_every is None else int(checkpoint_every)
+    if run.first_step_ready is None:  # else once the first step is compiled (two cores: it comes first)
+        run.precompile_evaluation()
+    _train_steps(run, loop, t_start, ckpt, record, progress, show_private_diagnostics, max_seconds, time_budget_s)
+    run.pool.shutdown(wait=True)  # the evaluation's compilations
+    return _evaluated_result(run, loop, ckpt, public_item_counts, evaluate_test, t_start)
+
+
+@dataclasses.dataclass
+class _Run:
+    """One call of `train`: what its loop steps with (fixed before it starts) and the loop's state."""
+    data: SeqData
+    cfg: TrainConfig
+    N: int
+    q: float
+    steps: int
+    model: Any
+    pool: concurrent.futures.ThreadPoolExecutor
+    windows: np.ndarray
+    k_noise: jax.Array
+    k_sample: jax.Array
+    k_dropout: jax.Array
+    k_neg: jax.Array
+    report: accounting.PrivacyReport | None
+    sigma: float
+    counts_rel: np.ndarray | None
+    item_start: tr.TransitionModel | None
+    params: Any                      # the starting parameters (also the evaluation's precompilation shapes)
+    neg_probs: np.ndarray | None
+    state: Any = None                # DPSGDState (or the reference's _PlainState)
+    accumulate: Any = None
+    apply: Any = None
+    apply_ready: Any = None          # futures of compilations beside the first step
+    first_step_ready: Any = None
+    reatt: dict | None = None
+    rank_fn: Any = None
+    eval_windows: tuple = ()
+    eval_shapes: list = dataclasses.field(default_factory=list)
+
+    @property
+    def private(self) -> bool:
+        return self.cfg.epsilon is not None
+
+    def precompile_evaluation(self) -> None:
+        for shape in self.eval_shapes:
+            self.pool.submit(_precompile, self.rank_fn, self.params, *shape)
+
+    def epsilon_after(self, done: int) -> float:
+        """ε of the releases before training and `done` DP-SGD steps (privacy_setup appends the steps last)."""
+        fixed = [r.composed_event() for r in self.report.releases[:-1]]
+        return accounting.compute_epsilon(dpe.ComposedDpEvent(fixed + [dp_sgd_event(self.sigma, self.q, done)]),
+                                          self.cfg.delta)
+
+
+@dataclasses.dataclass
+class _Loop:
+    """Where `train`'s loop stands: steps [start, stop) of this call, the history, the private diagnostics."""
+    start: int
+    stop: int
+    history: list
+    per_epoch: int
+    checkpoint_every: int = 0
+    t_train: float = 0.0
+    epoch_loss: float = 0.0
+    epoch_count: int = 0
+    epoch_nonfinite: int = 0         # private diagnostics: users dropped for a non-finite loss/gradient
+    total_nonfinite: int = 0
+    stopped: dict | None = None      # why and where a run ended before its planned steps (public: steps and time)
+    step_s: list = dataclasses.field(default_factory=list)            # per-step time
+    shapes_seen: set = dataclasses.field(default_factory=set)
+    step_new_shapes: list = dataclasses.field(default_factory=list)   # steps that compiled a new chunk shape
+
+
+def _prepare(data: SeqData, cfg: TrainConfig, plan: tuple[int, float, int], key: jax.Array, public_item_counts,
+             resuming: bool, initial_params, evaluate_test: bool) -> _Run:
+    """Everything before `train`'s loop: the model, the releases and σ (`privacy_setup`), the starting parameters,
+    the step functions (`dp_sgd`'s accumulate / apply, or the NON-PRIVATE reference's) and the evaluation."""
+    (N, q, steps), L, M = plan, data.maxlen, data.n_items
     if public_item_counts is not None and (cfg.model == "dpformer" or cfg.trainable_items):  # validate first
         if np.shape(public_item_counts) != (M + 1,):
             raise ValueError(f"public_item_counts must be a finite array of shape ({M + 1},)")
@@ -563,193 +643,245 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     init = pool.submit(jax.jit(model.init), k_init, jnp.zeros((1, L), jnp.int32))
     k_noise, k_sample, k_dropout = jax.random.split(k_train, 3)
     windows = np.array(sorted({int(b) for b in cfg.length_buckets if 0 < b < L} | {L}))
-    def make_loss(**kw):  # reatt: an input of the step (`aux`), not a constant
-        loss = make_loss_fn(model, **kw)
-        return freeze_item_table_loss(loss) if cfg.freeze_item_table else loss
-    loss_fn = make_loss()
+    loss_fn = _loss_of(model, cfg)
     first_step_ready = None
-    if private and not cfg.negatives and not resuming:
+    if cfg.epsilon is not None and not cfg.negatives and not resuming:
         # traced here, before the calibration starts: both are Python and would take turns on the GIL
         lowered = _lower_first_step(data, cfg, model, loss_fn, k_init, N, q, windows, k_sample, k_dropout)
         first_step_ready = pool.submit(lambda: [program.compile() for program in lowered])
-    setup = pool.submit(privacy_setup, data, cfg, k_hist, public_item_counts)
-    report, sigma, counts_rel, item_start = setup.result()
-    params = init.result()
+    report, sigma, counts_rel, item_start = pool.submit(privacy_setup, data, cfg, k_hist, public_item_counts).result()
+    run = _Run(data, cfg, N, q, steps, model, pool, windows, k_noise, k_sample, k_dropout,
+               jax.random.fold_in(k_train, 0x6E6567),  # negatives' own stream (data-independent)
+               report, sigma, counts_rel, item_start, init.result(), None, first_step_ready=first_step_ready)
+    frozen = _starting_params(run, initial_params, public_item_counts)
+    log_q = None
+    if cfg.negatives:
+        run.neg_probs = negative_probs(data, cfg, counts_rel if cfg.model == "dpformer" else public_item_counts,
+                                       public_item_counts is not None, report)
+        if run.neg_probs is not None:
+            log_q = jnp.log(jnp.asarray(np.concatenate([[1.0], run.neg_probs]), jnp.float32))
+    _step_functions(run, _loss_of(model, cfg, log_q=log_q) if log_q is not None else loss_fn, frozen)
+    _evaluation(run, evaluate_test)
+    return run
+
+
+def _loss_of(model, cfg: TrainConfig, **kw):
+    """The model's per-user loss (Re-Attention's inputs: an input of the step, `aux`, not a constant)."""
+    loss = make_loss_fn(model, **kw)
+    return freeze_item_table_loss(loss) if cfg.freeze_item_table else loss
+
+
+def _starting_params(run: _Run, initial_params, public_item_counts) -> np.ndarray | None:
+    """Sets run.params (the caller's, the item-table start or the model's initialisation, frozen item rows at 0);
+    returns the frozen item rows (None: every row trains)."""
+    cfg, data, M = run.cfg, run.data, run.data.n_items
     if initial_params is not None:  # the caller's starting point (public, or post-processing of a release)
-        params = _check_initial_params(initial_params, params)
-    elif item_start is not None:
-        params = start_from_item_table(params, item_start)
+        run.params = _check_initial_params(initial_params, run.params)
+    elif run.item_start is not None:
+        run.params = start_from_item_table(run.params, run.item_start)
     frozen = None
     if cfg.trainable_items:  # post-processing of public / released counts (exact only in a NON-PRIVATE run)
-        counts = (counts_rel if private else public_item_counts if public_item_counts is not None
+        counts = (run.counts_rel if run.private else public_item_counts if public_item_counts is not None
                   else item_presence(data.train_input, data.train_target, M))
         frozen = frozen_item_rows(counts, cfg.trainable_items)
-        params = zero_item_rows(params, frozen)
+        run.params = zero_item_rows(run.params, frozen)
     if cfg.freeze_item_table:  # not differentiated (freeze_item_table_loss); the noise drawn for it is discarded
         frozen = np.ones(M + 1, bool)
+    return frozen
 
-    neg_probs = log_q = None
-    if cfg.negatives:
-        neg_probs = negative_probs(data, cfg, counts_rel if cfg.model == "dpformer" else public_item_counts,
-                                   public_item_counts is not None, report)
-        if neg_probs is not None:
-            log_q = jnp.log(jnp.asarray(np.concatenate([[1.0], neg_probs]), jnp.float32))
-    k_neg = jax.random.fold_in(k_train, 0x6E6567)  # negatives' own stream (data-independent)
 
-    # ---- model, optimiser, the DP-SGD step of jdp.clipping ----
-    opt = optax.adamw(lr_schedule(cfg.lr, steps, cfg.warmup_frac), weight_decay=cfg.weight_decay)
+def _step_functions(run: _Run, loss_fn, frozen) -> None:
+    """The optimiser, the DP-SGD step of jdp.clipping (`dp_sgd` at the σ of `privacy_setup`: its accumulate and
+    apply) or the NON-PRIVATE reference's, the starting state, and Re-Attention's inputs."""
+    cfg, M = run.cfg, run.data.n_items
+    opt = optax.adamw(lr_schedule(cfg.lr, run.steps, cfg.warmup_frac), weight_decay=cfg.weight_decay)
     if frozen is not None:
         opt = optax.chain(opt, freeze_item_rows(frozen))
-    if log_q is not None:
-        loss_fn = make_loss(log_q=log_q)
-    if jnp.issubdtype(k_noise.dtype, jax.dtypes.prng_key):
-        k_noise = jax.random.key_data(k_noise)  # raw key bits: the noise key lives in opt_state
-    if private:
-        dp = dp_sgd(loss_fn, opt, num_examples=N, batch_size=cfg.batch_size, l2_clip=cfg.l2_clip, delta=cfg.delta,
-                    steps=steps, noise_multiplier=sigma, method=cfg.clipping, normalize=cfg.normalize, unit="user",
-                    batch_chunk=cfg.batch_chunk)
-        accumulate, apply = dp.accumulate, dp.apply
+    if jnp.issubdtype(run.k_noise.dtype, jax.dtypes.prng_key):
+        run.k_noise = jax.random.key_data(run.k_noise)  # raw key bits: the noise key lives in opt_state
+    if run.private:
+        dp = dp_sgd(loss_fn, opt, num_examples=run.N, batch_size=cfg.batch_size, l2_clip=cfg.l2_clip,
+                    delta=cfg.delta, steps=run.steps, noise_multiplier=run.sigma, method=cfg.clipping,
+                    normalize=cfg.normalize, unit="user", batch_chunk=cfg.batch_chunk)
+        run.accumulate, run.apply = dp.accumulate, dp.apply
         # the noisy update compiles as soon as σ is known, beside the state's allocation and the steps below
-        state_shape = jax.eval_shape(dp.init, params, k_noise)
-        apply_ready = pool.submit(_precompile, apply, state_shape, state_shape.params)
-        state = jax.jit(dp.init)(params, k_noise)  # one program, not an eager op per leaf
+        state_shape = jax.eval_shape(dp.init, run.params, run.k_noise)
+        run.apply_ready = run.pool.submit(_precompile, run.apply, state_shape, state_shape.params)
+        run.state = jax.jit(dp.init)(run.params, run.k_noise)  # one program, not an eager op per leaf
     else:  # NON-PRIVATE reference: plain gradient sums, the same sampling, schedule and optimiser
-        state, accumulate, apply = _nonprivate_step(loss_fn, opt, params, cfg.batch_size, cfg.batch_chunk)
-        apply_ready = pool.submit(_precompile, apply, state, state.params)
-    reatt = None
+        run.state, run.accumulate, run.apply = _nonprivate_step(loss_fn, opt, run.params, cfg.batch_size,
+                                                                cfg.batch_chunk)
+        run.apply_ready = run.pool.submit(_precompile, run.apply, run.state, run.state.params)
     if cfg.model == "dpformer":
-        if counts_rel is None:  # non-private reference: zero noise -> Re-Attention is the identity
-            counts_rel = np.ones(M + 1)
-        reatt = _reatt_inputs(*ra.effective_variances(sigma, cfg.l2_clip, cfg.batch_size, q, counts_rel,
-                                                      cfg.error_scale))
-    # every release before training (histogram, vocabulary): privacy_setup appends the DP-SGD steps last
-    fixed_events = [r.composed_event() for r in report.releases[:-1]] if private else []
+        if run.counts_rel is None:  # non-private reference: zero noise -> Re-Attention is the identity
+            run.counts_rel = np.ones(M + 1)
+        run.reatt = _reatt_inputs(*ra.effective_variances(run.sigma, cfg.l2_clip, cfg.batch_size, run.q,
+                                                          run.counts_rel, cfg.error_scale))
 
-    start = 0
-    history = []
-    if resuming:
-        state = flax.serialization.from_bytes(state, ckpt.read_bytes())
-        if private:  # the file holds no noise key (`without_noise_key`): it follows from the run's key
-            state = with_noise_key(state, k_noise)
-        start = int(state.step)
-        hist_file = ckpt.with_name(ckpt.name + ".history.json")
-        if hist_file.exists():
-            history = [h for h in json.loads(hist_file.read_text()) if h["step"] <= start]
-    per_epoch = max(1, int(math.ceil(N / cfg.batch_size)))
-    checkpoint_every = per_epoch if checkpoint_every is None else int(checkpoint_every)
-    stop = steps if max_steps is None else min(steps, start + int(max_steps))
 
-    zero = jax.tree_util.tree_map(jnp.zeros_like, state.params)
+def _evaluation(run: _Run, evaluate_test: bool) -> None:
+    """The ranking function and the shapes the evaluation will compile."""
+    cfg, data = run.cfg, run.data
     # one compilation for every evaluation; the test metrics under the other history protocol come from
     # the same forward pass
-    rank_fn = make_rank_fn_reatt(model, cfg.mask_history, reatt, both_protocols=True)
+    run.rank_fn = make_rank_fn_reatt(run.model, cfg.mask_history, run.reatt, both_protocols=True)
     # evaluation is one forward per user: the powers of two among the windows cost little extra compute
     # and save most compilations (each window x chunk size is one; they dominate evaluation on a GPU)
-    eval_windows = tuple(int(w) for w in cfg.length_buckets if int(w) > 0 and int(w) & (int(w) - 1) == 0)
-    eval_shapes = evaluation_shapes([data.valid_input] + ([data.test_input] if evaluate_test else []),
-                                    [data.valid_target] + ([data.test_target] if evaluate_test else []),
-                                    cfg.eval_chunk, eval_windows)
+    run.eval_windows = tuple(int(w) for w in cfg.length_buckets if int(w) > 0 and int(w) & (int(w) - 1) == 0)
+    run.eval_shapes = evaluation_shapes([data.valid_input] + ([data.test_input] if evaluate_test else []),
+                                        [data.valid_target] + ([data.test_target] if evaluate_test else []),
+                                        cfg.eval_chunk, run.eval_windows)
 
-    def precompile_evaluation():
-        for shape in eval_shapes:
-            pool.submit(_precompile, rank_fn, params, *shape)
 
-    if first_step_ready is None:  # else once the first step is compiled (two cores: it comes first)
-        precompile_evaluation()
-    n_data = data.n_users
-    eval_every = max(1, int(round(cfg.eval_every_epochs * per_epoch))) if cfg.eval_every_epochs > 0 else 0
-    t_train, epoch_loss, epoch_count = 0.0, 0.0, 0
-    stopped = None  # why and where a run ended before its planned steps (public: steps and time only)
-    epoch_nonfinite, total_nonfinite = 0, 0  # private diagnostics: users dropped for a non-finite loss/gradient
+def _resume(run: _Run, ckpt: pathlib.Path) -> tuple[int, list]:
+    """(steps done, history) of the checkpoint; run.state from it (its noise key from the run's key)."""
+    state = flax.serialization.from_bytes(run.state, ckpt.read_bytes())
+    if run.private:  # the file holds no noise key (`without_noise_key`): it follows from the run's key
+        state = with_noise_key(state, run.k_noise)
+    run.state = state
+    start = int(state.step)
+    hist_file = ckpt.with_name(ckpt.name + ".history.json")
+    history = []
+    if hist_file.exists():
+        history = [h for h in json.loads(hist_file.read_text()) if h["step"] <= start]
+    return start, history
+
+
+def _one_step(run: _Run, loop: _Loop, step: int, zero) -> tuple:
+    """DP-SGD step `step`: its Poisson sample laid out by length, each chunk's clipped sum accumulated, then the noisy
+    update. Returns (sample size, loss sum, count, non-finite count): private diagnostics."""
+    cfg, data = run.cfg, run.data
+    k_step = jax.random.fold_in(run.k_sample, step)
+    idx = poisson_indices(k_step, run.N, run.q)  # the rule of every jdp DP-SGD step (same for the reference)
+    idx = idx[idx < data.n_users]  # ids of the declared population without data contribute nothing
+    kd = jax.random.fold_in(run.k_dropout, step)
+    acc, loss_sum, count, nonfinite = zero, 0.0, 0, 0
+    negs = (jnp.asarray(sample_negatives(jax.random.fold_in(run.k_neg, step), data.n_items, cfg.negatives,
+                                         run.neg_probs)) if cfg.negatives else None)
+    chunks = step_batches(data, idx, run.windows, cfg.chunk_rows, kd, negs)
+    if run.first_step_ready is not None:  # calling `accumulate` while it compiles would compile it twice
+        run.first_step_ready.result()
+        run.first_step_ready = None
+        run.precompile_evaluation()
+    new = {(w, int(mask.size)) for w, _, mask in chunks} - loop.shapes_seen
+    loop.shapes_seen |= new
+    loop.step_new_shapes.append(len(new))
+    for _, batch, mask in chunks:
+        acc, sums = run.accumulate(run.state.params, acc, batch, mask, run.reatt)
+        loss_sum, count = loss_sum + sums["loss_sum"], count + sums["count"]
+        nonfinite = nonfinite + sums["num_nonfinite"]
+    if run.apply_ready is not None:  # compiled beside the first step (calling it meanwhile would compile it twice)
+        run.apply_ready.result()
+        run.apply_ready = None
+    run.state = run.apply(run.state, acc)
+    return idx.size, loss_sum, count, nonfinite
+
+
+def _history_entry(run: _Run, loop: _Loop, done: int) -> dict | None:
+    """The history's entry after step `done`: at an epoch's end (train_loss, num_nonfinite: private; ε spent) and
+    at a validation point."""
+    cfg, N = run.cfg, run.N
+    entry = None
+    if done % loop.per_epoch == 0 or done == run.steps:
+        entry = {"step": done, "epoch": done * cfg.batch_size / N,  # train_loss, num_nonfinite: private
+                 "train_loss": loop.epoch_loss / max(loop.epoch_count, 1), "num_nonfinite": loop.epoch_nonfinite}
+        if run.private:
+            entry["epsilon_spent"] = run.epsilon_after(done)
+        loop.epoch_loss, loop.epoch_count, loop.epoch_nonfinite = 0.0, 0, 0
+    eval_every = (max(1, int(round(cfg.eval_every_epochs * loop.per_epoch))) if cfg.eval_every_epochs > 0
+                  else 0)
+    if eval_every and done % eval_every == 0 and done < run.steps:
+        m = evaluate(run.model, run.state.params, run.data.valid_input, run.data.valid_target,
+                     chunk=cfg.eval_chunk, rank_fn=run.rank_fn, length_buckets=run.eval_windows)
+        entry = {**(entry or {"step": done, "epoch": done * cfg.batch_size / N}),
+                 "ndcg_at_10_valid": m["ndcg"], "hit_at_10_valid": m["hit"]}
+    return entry
+
+
+def _train_steps(run: _Run, loop: _Loop, t_start: float, ckpt, record, progress: bool,
+                 show_private_diagnostics: bool, max_seconds, time_budget_s) -> None:
+    """`train`'s loop: every step of [loop.start, loop.stop) unless time runs out (public), checkpoints."""
     private_keys = ("train_loss", "num_nonfinite")  # history entries shown only with show_private_diagnostics
-    step_s, shapes_seen, step_new_shapes = [], set(), []  # per-step time; steps that compiled a new chunk shape
-    it = tqdm(range(start, stop), desc=f"{cfg.model} eps={cfg.epsilon}", disable=not progress, initial=start,
-              total=steps)
+    zero = jax.tree_util.tree_map(jnp.zeros_like, run.state.params)
+    it = tqdm(range(loop.start, loop.stop), desc=f"{run.cfg.model} eps={run.cfg.epsilon}", disable=not progress,
+              initial=loop.start, total=run.steps)
     for step in it:
         t0 = time.perf_counter()
-        k_step = jax.random.fold_in(k_sample, step)
-        idx = poisson_indices(k_step, N, q)  # the rule of every jdp DP-SGD step (same for the reference)
-        idx = idx[idx < n_data]  # ids of the declared population without data contribute nothing
-        kd = jax.random.fold_in(k_dropout, step)
-        acc, loss_sum, count, nonfinite = zero, 0.0, 0, 0
-        negs = (jnp.asarray(sample_negatives(jax.random.fold_in(k_neg, step), M, cfg.negatives, neg_probs))
-                if cfg.negatives else None)
-        chunks = step_batches(data, idx, windows, cfg.chunk_rows, kd, negs)
-        if first_step_ready is not None:  # calling `accumulate` while it compiles would compile it twice
-            first_step_ready.result()
-            first_step_ready = None
-            precompile_evaluation()
-        new = {(w, int(mask.size)) for w, _, mask in chunks} - shapes_seen
-        shapes_seen |= new
-        step_new_shapes.append(len(new))
-        for _, batch, mask in chunks:
-            acc, sums = accumulate(state.params, acc, batch, mask, reatt)
-            loss_sum, count = loss_sum + sums["loss_sum"], count + sums["count"]
-            nonfinite = nonfinite + sums["num_nonfinite"]
-        if apply_ready is not None:  # compiled beside the first step (calling it meanwhile would compile it twice)
-            apply_ready.result()
-            apply_ready = None
-        state = apply(state, acc)
+        n_sampled, loss_sum, count, nonfinite = _one_step(run, loop, step, zero)
         # such users contributed nothing (the bound holds); the run goes on: a private count, never a branch
-        epoch_nonfinite += int(nonfinite)
-        total_nonfinite += int(nonfinite)
-        epoch_loss, epoch_count = epoch_loss + float(loss_sum), epoch_count + int(count)
-        step_s.append(time.perf_counter() - t0)
-        t_train += step_s[-1]
+        loop.epoch_nonfinite += int(nonfinite)
+        loop.total_nonfinite += int(nonfinite)
+        loop.epoch_loss, loop.epoch_count = loop.epoch_loss + float(loss_sum), loop.epoch_count + int(count)
+        loop.step_s.append(time.perf_counter() - t0)
+        loop.t_train += loop.step_s[-1]
         if show_private_diagnostics:  # the sample's loss and size are private: opt-in only
-            it.set_postfix(loss=f"{float(loss_sum) / max(int(count), 1):.3f}", batch=idx.size,
+            it.set_postfix(loss=f"{float(loss_sum) / max(int(count), 1):.3f}", batch=n_sampled,
                            nonfinite=int(nonfinite))
         done = step + 1
-        entry = None
-        if done % per_epoch == 0 or done == steps:
-            entry = {"step": done, "epoch": done * cfg.batch_size / N,  # train_loss, num_nonfinite: private
-                     "train_loss": epoch_loss / max(epoch_count, 1), "num_nonfinite": epoch_nonfinite}
-            if private:
-                entry["epsilon_spent"] = accounting.compute_epsilon(
-                    dpe.ComposedDpEvent(fixed_events + [dp_sgd_event(sigma, q, done)]), cfg.delta)
-            epoch_loss, epoch_count, epoch_nonfinite = 0.0, 0, 0
-        if eval_every and done % eval_every == 0 and done < steps:
-            m = evaluate(model, state.params, data.valid_input, data.valid_target, chunk=cfg.eval_chunk,
-                         rank_fn=rank_fn, length_buckets=eval_windows)
-            entry = {**(entry or {"step": done, "epoch": done * cfg.batch_size / N}),
-                     "ndcg_at_10_valid": m["ndcg"], "hit_at_10_valid": m["hit"]}
+        entry = _history_entry(run, loop, done)
         if entry is not None:
-            history.append(entry)
+            loop.history.append(entry)
             if progress:
                 it.write("  ".join(_progress_item(k, v) for k, v in entry.items()
                                    if show_private_diagnostics or k not in private_keys))
-        elapsed = time.perf_counter() - t_start
-        out_of_time = max_seconds is not None and elapsed >= max_seconds
-        if time_budget_s is not None and done < stop and not out_of_time:  # public: time, never the data
-            if budget_says_stop(elapsed, done, per_epoch, step_s, time_budget_s):
-                out_of_time = True
-                stopped = {"reason": "time budget", "at_epoch_boundary": done % per_epoch == 0,
-                           "budget_s": time_budget_s, "elapsed_s": elapsed}
-        if out_of_time and stopped is None:
-            stopped = {"reason": "time limit (max_seconds)", "at_epoch_boundary": done % per_epoch == 0}
-        if ckpt is not None and (done % checkpoint_every == 0 or done == stop or out_of_time):
-            ckpt.write_bytes(flax.serialization.to_bytes(without_noise_key(state)))
-            ckpt.with_name(ckpt.name + ".history.json").write_text(json.dumps(history))
+        out_of_time = _out_of_time(loop, done, time.perf_counter() - t_start, max_seconds, time_budget_s)
+        if ckpt is not None and (done % loop.checkpoint_every == 0 or done == loop.stop or out_of_time):
+            ckpt.write_bytes(flax.serialization.to_bytes(without_noise_key(run.state)))
+            ckpt.with_name(ckpt.name + ".history.json").write_text(json.dumps(loop.history))
             _record_file(ckpt).write_text(json.dumps(record))
         if out_of_time:
-            stop = done
+            loop.stop = done
             break
-    params, steps_done = state.params, int(state.step)
-    pool.shutdown(wait=True)  # the evaluation's compilations
+
+
+def _out_of_time(loop: _Loop, done: int, elapsed: float, max_seconds, time_budget_s) -> bool:
+    """Whether the loop stops after step `done` for time (public: never the data); sets loop.stopped."""
+    out_of_time = max_seconds is not None and elapsed >= max_seconds
+    if time_budget_s is not None and done < loop.stop and not out_of_time:
+        if budget_says_stop(elapsed, done, loop.per_epoch, loop.step_s, time_budget_s):
+            out_of_time = True
+            loop.stopped = {"reason": "time budget", "at_epoch_boundary": done % loop.per_epoch == 0,
+                            "budget_s": time_budget_s, "elapsed_s": elapsed}
+    if out_of_time and loop.stopped is None:
+        loop.stopped = {"reason": "time limit (max_seconds)", "at_epoch_boundary": done % loop.per_epoch == 0}
+    return out_of_time
+
+
+def _evaluated_result(run: _Run, loop: _Loop, ckpt, public_item_counts, evaluate_test: bool, t_start: float
+                      ) -> TrainResult:
+    """The TrainResult after the loop: the report of the steps that ran, the metrics beside the baselines."""
+    cfg, N, steps, report = run.cfg, run.N, run.steps, run.report
+    params, steps_done = run.state.params, int(run.state.step)
+    stopped = loop.stopped
     if steps_done < steps:
-        stopped = {**(stopped or {"reason": "max_steps", "at_epoch_boundary": steps_done % per_epoch == 0}),
+        stopped = {**(stopped or {"reason": "max_steps", "at_epoch_boundary": steps_done % loop.per_epoch == 0}),
                    "step": steps_done, "planned_steps": steps, "epoch": steps_done * cfg.batch_size / N,
                    "checkpoint": None if ckpt is None else str(ckpt)}
         if report is not None:  # the release is the model after the steps that ran: their epsilon, not the plan's
             report = partial_report(report, steps_done, steps)
-
     t0 = time.perf_counter()
-    mv = evaluate(model, params, data.valid_input, data.valid_target, chunk=cfg.eval_chunk, rank_fn=rank_fn,
-                  length_buckets=eval_windows)
+    metrics, baselines = _metrics(run, params, public_item_counts, evaluate_test)
+    t_eval = time.perf_counter() - t0
+    timings = {"train_s": loop.t_train, "eval_s": t_eval, "total_s": time.perf_counter() - t_start,
+               "steps_run": loop.stop - loop.start, "steps_done": steps_done,
+               "epochs_done": steps_done * cfg.batch_size / N,
+               "s_per_step": loop.t_train / max(1, loop.stop - loop.start), "step_s": loop.step_s,
+               "step_new_shapes": loop.step_new_shapes,
+               "complete": steps_done == steps, **({"stopped": stopped} if stopped is not None else {})}
+    return TrainResult(params, metrics, report, float(run.sigma), steps, loop.history, timings, run.reatt,
+                       run.counts_rel, baselines, private_diagnostics={"num_nonfinite": loop.total_nonfinite})
+
+
+def _metrics(run: _Run, params, public_item_counts, evaluate_test: bool) -> tuple[dict, dict]:
+    """(metrics, baselines): NDCG / HIT at 10 on the validation (and test) users, and what users get without the
+    model on the same targets."""
+    cfg, data = run.cfg, run.data
+    mv = evaluate(run.model, params, data.valid_input, data.valid_target, chunk=cfg.eval_chunk, rank_fn=run.rank_fn,
+                  length_buckets=run.eval_windows)
     metrics = {"ndcg_at_10_valid": mv["ndcg"], "hit_at_10_valid": mv["hit"], "n_valid_users": mv["n_users"]}
     if evaluate_test:
-        mt = evaluate(model, params, data.test_input, data.test_target, chunk=cfg.eval_chunk, rank_fn=rank_fn,
-                      length_buckets=eval_windows)
+        mt = evaluate(run.model, params, data.test_input, data.test_target, chunk=cfg.eval_chunk,
+                      rank_fn=run.rank_fn, length_buckets=run.eval_windows)
         metrics.update({"ndcg_at_10_test": mt["ndcg"], "hit_at_10_test": mt["hit"], "n_test_users": mt["n_users"]})
         # the other protocol too (papers differ on it): history items removed from / kept in the ranking
         other = "history_unmasked" if cfg.mask_history else "history_masked"
@@ -758,16 +890,11 @@ def train(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: n
     # zero cost (each user's own history) and, from public or already released counts, popularity: DPFormer's
     # histogram, else the item-table start's own popularity release (post-processing either way)
     popular = public_item_counts
-    if popular is None and private:
-        popular = counts_rel if counts_rel is not None else item_start.counts if item_start is not None else None
+    if popular is None and run.private:
+        popular = (run.counts_rel if run.counts_rel is not None
+                   else run.item_start.counts if run.item_start is not None else None)
     baselines = baseline_metrics(data, popular, splits=("valid", "test") if evaluate_test else ("valid",))
-    t_eval = time.perf_counter() - t0
-    timings = {"train_s": t_train, "eval_s": t_eval, "total_s": time.perf_counter() - t_start,
-               "steps_run": stop - start, "steps_done": steps_done, "epochs_done": steps_done * cfg.batch_size / N,
-               "s_per_step": t_train / max(1, stop - start), "step_s": step_s, "step_new_shapes": step_new_shapes,
-               "complete": steps_done == steps, **({"stopped": stopped} if stopped is not None else {})}
-    return TrainResult(params, metrics, report, float(sigma), steps, history, timings, reatt, counts_rel, baselines,
-                       private_diagnostics={"num_nonfinite": total_nonfinite})
+    return metrics, baselines
 
 
 def _progress_item(key: str, value) -> str:

@@ -36,6 +36,24 @@ def test_accounting_matches_dp_accounting():
     assert isinstance(ev, dpe.SelfComposedDpEvent) and isinstance(ev.event, dpe.PoissonSampledDpEvent)
 
 
+def test_calibration_after_earlier_releases_meets_the_total_budget():
+    # releases before training (e.g. a histogram) composed with the steps: the one calibration of DP-SGD's sigma
+    from jdp.accounting import PrivacyReport, gaussian_event
+    from jdp.clipping.dp_sgd import DP_SGD_RELEASE, dp_sgd_release
+    before = [gaussian_event(8.0)]
+    alone = jc.calibrate_noise_multiplier(2.0, 1e-5, 0.01, 300)
+    after = jc.calibrate_noise_multiplier(2.0, 1e-5, 0.01, 300, before=before)
+    assert after > alone
+    rep = PrivacyReport(1e-5)
+    rep.add("histogram", before[0])
+    rep.add_release(dp_sgd_release(after, 0.01, 0.5, 300))
+    assert rep.epsilon() <= 2.0 + 1e-9 and rep.epsilon() > 1.98
+    line = rep.releases[-1]
+    assert (line.name, line.count, line.sensitivity, line.noise_scale) == (DP_SGD_RELEASE, 300, 0.5, after * 0.5)
+    with pytest.raises(ValueError, match="steps"):
+        dp_sgd_release(1.0, 0.01, 1.0, 0)
+
+
 def test_invalid_arguments():
     kw = dict(num_examples=100, batch_size=10, l2_clip=1.0, delta=1e-5, steps=10, noise_multiplier=1.0)
     for bad, name in [(dict(l2_clip=0.0), "l2_clip"), (dict(delta=1.0), "delta"), (dict(batch_size=200), "batch_size"),

@@ -421,3 +421,16 @@ def test_item_table_starts_from_the_transition_release_and_the_model_starts_as_i
     assert plain.noise_multiplier < res.noise_multiplier     # the release's share of ε is paid by DP-SGD's noise
     exact = train.privacy_setup(d, dataclasses.replace(cfg, epsilon=None), jax.random.key(2)).item_start
     assert exact.report is None and exact.noise_multiplier == 0.0  # the NON-PRIVATE reference: exact transitions
+
+
+def test_privacy_setup_uses_dp_sgds_calibration_and_report_line():
+    # sigma from DP-SGD's calibration composed after the releases before training, the steps' line from DP-SGD's
+    from jdp.clipping.dp_sgd import dp_sgd_release
+    d = _toy()
+    cfg = train.TrainConfig(model="dpformer", epsilon=4.0, epochs=1.0, batch_size=16, d=8, blocks=1)
+    rep, sigma, _, _ = train.privacy_setup(d, cfg, jax.random.key(0))
+    _, q, steps = train.sampling_plan(d, cfg)
+    before = [r.composed_event() for r in rep.releases[:-1]]
+    assert sigma == jc.calibrate_noise_multiplier(4.0, cfg.delta, q, steps, before=before)
+    assert rep.releases[-1] == dp_sgd_release(sigma, q, cfg.l2_clip, steps, name=train.DP_SGD_STEP)
+    assert rep.epsilon() == pytest.approx(4.0, abs=1e-3)
