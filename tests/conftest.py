@@ -53,6 +53,31 @@ def datasets_dir() -> pathlib.Path:
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(scope="session")
+def run_on_host_devices(tmp_path_factory):
+    """run(script, devices=4, timeout=...) -> dict of the arrays the script saved with np.savez(sys.argv[1], ...):
+    the script runs in a subprocess whose jax has `devices` host-platform devices (the count is fixed when jax
+    starts), with a timeout so that a collective's deadlock fails the test instead of blocking the suite."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    def run(script: str, devices: int = 4, timeout: int = 600) -> dict:
+        out = tmp_path_factory.mktemp("host_devices") / "out.npz"
+        env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+               "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        try:
+            proc = subprocess.run([sys.executable, "-c", script, str(out)], env=env, capture_output=True,
+                                  text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the {devices}-device run did not finish in {timeout} s (deadlock?)")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return dict(np.load(out))
+
+    return run
+
+
 @pytest.fixture
 def run_notebook(monkeypatch):
     """Executes notebooks/<name> at tiny size (JDP_TINY=1); returns (text of all outputs, error outputs)."""

@@ -126,26 +126,6 @@ def test_every_notebook_opens_with_the_same_guarded_install_cell():
     assert 'glob("jdp_privacy-*.whl")' in cell  # Colab: the uploaded wheel (docs/install.md#colab)
 
 
-def _install_cell_sources(cwd, monkeypatch, env_source=None):
-    """Runs the notebooks' install cell where jdp is NOT importable, its `%pip` line captured: the sources
-    it would install from."""
-    import importlib.util
-    import json
-    path = DOCS.parent / "notebooks" / "dpformer.ipynb"
-    cell = "".join(next(c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code")["source"])
-    code = cell.replace('%pip install -q "jdp-privacy[notebook] @ {JDP_SOURCE}"', "INSTALLED.append(JDP_SOURCE)")
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "jdp" else real(name, *a))
-    monkeypatch.chdir(cwd)
-    if env_source is None:
-        monkeypatch.delenv("JDP_SOURCE", raising=False)
-    else:
-        monkeypatch.setenv("JDP_SOURCE", env_source)
-    installed = []
-    exec(compile(code, str(path), "exec"), {"INSTALLED": installed})
-    return installed
-
-
 def _install_cell_sources(cwd, monkeypatch, env_source=None, pip=None):
     """Runs the notebooks' install cell where jdp is NOT importable, its `%pip` line captured: the sources
     it would install from (or, given `pip`, pip(requirement) runs in its place)."""

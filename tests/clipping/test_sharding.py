@@ -4,10 +4,7 @@ sum by at most C whichever device holds it.
 The 4-device run is a subprocess started with XLA_FLAGS=--xla_force_host_platform_device_count=4 (the device
 count is fixed when jax starts), with a timeout so that a collective's deadlock fails instead of hanging.
 """
-import os
 import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -77,14 +74,8 @@ np.savez(sys.argv[1], **out)
 
 
 @pytest.fixture(scope="module")
-def four_devices(tmp_path_factory):
-    out = tmp_path_factory.mktemp("dp_sgd_sharding") / "out.npz"
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu",
-           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(out)], env=env, capture_output=True, text=True,
-                          timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return dict(np.load(out))
+def four_devices(run_on_host_devices):
+    return run_on_host_devices(SCRIPT, devices=4, timeout=900)
 
 
 METHODS = ("auto", "ghost", "ghost-two-pass", "vmap")

@@ -5,10 +5,7 @@ The sharded runs happen in a subprocess started with XLA_FLAGS=--xla_force_host_
 blocking the suite. jaxlib's CPU LAPACK kernels deadlocked inside shard_map on such a mesh (jax 0.10.2);
 `ridge_solve` uses plain jnp ops there.
 """
-import os
 import pathlib
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -52,17 +49,8 @@ np.savez(sys.argv[1], **out)
 
 
 @pytest.fixture(scope="module")
-def four_devices(tmp_path_factory):
-    out = tmp_path_factory.mktemp("sharding") / "out.npz"
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu",
-           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    try:
-        proc = subprocess.run([sys.executable, "-c", SCRIPT, str(out)], env=env, capture_output=True, text=True,
-                              timeout=240)
-    except subprocess.TimeoutExpired:
-        pytest.fail("sharded fit on 4 CPU devices did not finish in 240 s (deadlock?)")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return dict(np.load(out))
+def four_devices(run_on_host_devices):
+    return run_on_host_devices(SCRIPT, devices=4, timeout=240)
 
 
 @pytest.mark.slow  # a 4-device subprocess: CI runs it (make test-slow)
