@@ -80,6 +80,23 @@ def large_epsilon_warning(epsilon: float, unit: str = "unit") -> str | None:
             f"one {unit} took part with odds up to e^{value:.3g}; treat the result as (almost) non-private")
 
 
+def check_epsilon_target(epsilon: float, epsilon_name: str = "epsilon", unit: str = "unit") -> float:
+    """ε as float: finite, > 0 and at most `MAX_EPSILON` (ValueError naming the argument); above `LARGE_EPSILON`
+    accepted with a UserWarning. The ε half of `check_privacy`, for mechanisms that have no δ (pure DP)."""
+    epsilon = check_epsilon(epsilon, epsilon_name)
+    if epsilon > MAX_EPSILON:
+        raise ValueError(f"{epsilon_name} = {epsilon:.4g} is above the largest target jdp calibrates for, "
+                         f"{MAX_EPSILON:g}: at such an epsilon nothing is protected (an observer may tell whether one "
+                         f"{unit} took part with odds up to e^{epsilon:.3g}) and the calibration could only return the "
+                         f"smallest noise it searches. Give {epsilon_name} <= {LARGE_EPSILON:g} for a meaningful "
+                         f"guarantee, or run the non-private reference.")
+    note = large_epsilon_warning(epsilon, unit)
+    if note is not None:
+        # the same text from every layer (a CLI's flag, then the library): printed once
+        warnings.warn_explicit(note, UserWarning, __file__, 0, module=__name__, registry=_EPSILON_WARNINGS)
+    return epsilon
+
+
 def check_privacy(epsilon: float | None, delta: float, num_units: int | None, *, unit: str = "unit",
                   epsilon_name: str = "epsilon", delta_name: str = "delta") -> tuple[float | None, float]:
     """The one rule for a private entry point's privacy parameters; returns (ε as float or None, δ as float).
@@ -96,17 +113,7 @@ def check_privacy(epsilon: float | None, delta: float, num_units: int | None, *,
     delta = check_delta(delta, delta_name, num_units=num_units, unit=unit)
     if epsilon is None:
         return None, delta
-    epsilon = check_epsilon(epsilon, epsilon_name)
-    if epsilon > MAX_EPSILON:
-        raise ValueError(f"{epsilon_name} = {epsilon:.4g} is above the largest target jdp calibrates for, "
-                         f"{MAX_EPSILON:g}: at such an epsilon nothing is protected (an observer may tell whether one "
-                         f"{unit} took part with odds up to e^{epsilon:.3g}) and the calibration could only return the "
-                         f"smallest noise it searches. Give {epsilon_name} <= {LARGE_EPSILON:g} for a meaningful "
-                         f"guarantee, or run the non-private reference.")
-    note = large_epsilon_warning(epsilon, unit)
-    if note is not None:
-        # the same text from every layer (a CLI's flag, then the library): printed once
-        warnings.warn_explicit(note, UserWarning, __file__, 0, module=__name__, registry=_EPSILON_WARNINGS)
+    epsilon = check_epsilon_target(epsilon, epsilon_name, unit)
     return epsilon, delta
 
 

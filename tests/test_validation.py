@@ -181,3 +181,14 @@ def test_clis_apply_the_library_rule_before_any_work(capsys):
     assert time.perf_counter() - t0 < 10.0  # refused before the tasks are generated or anything calibrated
     assert main(["altmin", "--synthetic-size", "100", "30", "800", "--delta", "0.5"]) == 2
     assert "delta = 0.5 >= 1/n = 0.01 for n = 100 protected users" in capsys.readouterr().err
+
+
+def test_select_refuses_an_epsilon_beyond_the_maximum():
+    """`select` took any finite ε: at 1e12 the CLI's report raised ZeroDivisionError after the work."""
+    import jax
+    import numpy as np
+    import pytest as _pytest
+
+    from jdp.selection import select
+    with _pytest.raises(ValueError, match="above the largest target"):
+        select("em", jax.random.key(0), np.zeros(4), np.ones(4), 1e12)

@@ -28,7 +28,7 @@ from jdp.selection import generalized_em as gem_mod
 from jdp.selection import random_stop as rs_mod
 from jdp.selection.registry import (PRIVATE_MECHANISMS, _gem_shift_magnitude, check_range, get_mechanism,
                                     range_violations, resolution_violations)
-from jdp.validation import check_epsilon, check_shapes, is_concrete
+from jdp.validation import check_epsilon_target, check_shapes, is_concrete
 
 
 def _checked(fn: Callable) -> Callable:
@@ -170,7 +170,7 @@ def select(name: str, key: jax.Array, scores, sensitivities, epsilon: float, all
     params = mech.check_params(params)
     if isinstance(epsilon, jax.core.Tracer):
         raise ValueError("epsilon must be a concrete number (a public parameter), not a traced value")
-    epsilon = check_epsilon(epsilon)
+    epsilon = check_epsilon_target(epsilon)   # > MAX_EPSILON refused (the report could not account it)
     check_shapes(scores, sensitivities)  # values are checked inside the compiled call (`_checked`)
     if not is_concrete(scores, sensitivities, key):
         return _select_traced(mech, name, key, scores, sensitivities, epsilon, allow_nonprivate, params)
