@@ -5,7 +5,7 @@ import argparse
 import pathlib
 import time
 
-from jdp.cli import add_seed_arguments, check_at_least, noise_seed, write_result
+from jdp.cli_support import add_seed_arguments, check_at_least, noise_seed, write_result
 
 RUNS = [("als", None, None), ("dpals-uniform", 1.0, None), ("dpals-tail", 1.0, None), ("ada-dpals", 1.0, 0.25),
         ("ada-dpals", 1.0, 0.5), ("dpals-uniform", 5.0, None), ("dpals-tail", 5.0, None), ("ada-dpals", 5.0, 0.25),

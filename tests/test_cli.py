@@ -62,7 +62,7 @@ def test_every_cli_writes_a_plot(tmp_path):
         png, out = tmp_path / f"{name}.png", tmp_path / f"{name}.json"
         assert main(args + ["--out", str(out), "--plot", str(png)]) == 0, name
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5_000, name
-    from jdp.cli import PRIVACY_SCOPE
+    from jdp.cli_support import PRIVACY_SCOPE
     for name in ("altmin", "meta", "seqrec", "select-run"):  # each result says what its ε covers
         assert json.loads((tmp_path / f"{name}.json").read_text())["privacy_scope"] == PRIVACY_SCOPE, name
     row = json.loads((tmp_path / "altmin.json").read_text())

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from jdp import cli
+from jdp import cli, cli_support
 from jdp.cli import main
 
 # one command line per subcommand, each tiny; none of them may start work when an output cannot be written
@@ -135,10 +135,10 @@ def test_an_argument_error_shows_the_full_command(capsys):
 def test_result_json_is_strict():
     payload = {"a": float("nan"), "b": [float("inf"), -float("inf"), 1.5], "c": np.float32("nan"),
                "d": np.array([1.0, np.nan]), "e": (np.int64(3), np.bool_(True)), "f": {"g": math.inf}}
-    text = cli.result_json(payload)
+    text = cli_support.result_json(payload)
     got = _strict(text)
     assert got["a"] is None and got["b"] == [None, None, 1.5] and got["c"] is None and got["d"] == [1.0, None]
-    assert got["e"] == [3, True] and got["f"] == {"g": None} and got["privacy_scope"] == cli.PRIVACY_SCOPE
+    assert got["e"] == [3, True] and got["f"] == {"g": None} and got["privacy_scope"] == cli_support.PRIVACY_SCOPE
 
 
 def test_a_run_with_an_infinite_epsilon_writes_strict_json(tmp_path, capsys):

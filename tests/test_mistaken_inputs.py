@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from jdp import cli
+from jdp import cli, cli_support
 from jdp.cli import main
 
 
@@ -106,10 +106,10 @@ def test_altmin_delta_against_the_users_of_a_file_names_the_flag(monkeypatch, ca
 
 def test_named_by_flag_renames_rules_not_prose():
     rename = {"epsilon": "--epsilon", "steps": "--steps", "dim": "--dim"}
-    assert cli.named_by_flag("epsilon = 2e3 is above 1000: at such an epsilon nothing", rename) == \
+    assert cli_support.named_by_flag("epsilon = 2e3 is above 1000: at such an epsilon nothing", rename) == \
         "--epsilon = 2e3 is above 1000: at such an epsilon nothing"
-    assert cli.named_by_flag("dim must be >= 0 and steps >= 1", rename) == "--dim must be >= 0 and --steps >= 1"
-    assert cli.named_by_flag("item_dim must be >= 1", rename) == "item_dim must be >= 1"
+    assert cli_support.named_by_flag("dim must be >= 0 and steps >= 1", rename) == "--dim must be >= 0 and --steps >= 1"
+    assert cli_support.named_by_flag("item_dim must be >= 1", rename) == "item_dim must be >= 1"
 
 
 def test_select_inputs(capsys, tmp_path):

@@ -13,7 +13,8 @@ import pytest
 from jdp import accounting
 from jdp import meta as M
 from jdp.altmin import AltMinConfig, fit
-from jdp.cli import main, privacy_lines
+from jdp.cli import main
+from jdp.cli_support import privacy_lines
 from jdp.clipping import calibrate_noise_multiplier, dp_sgd
 from jdp.data import Interactions
 from jdp.multitask import noisy_gd, ssp

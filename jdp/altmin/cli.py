@@ -6,7 +6,7 @@ import os
 import pathlib
 
 from jdp.altmin.config import METHODS, AltMinConfig, Method
-from jdp.cli import (add_data_dir_arguments, add_seed_arguments, check_at_least, check_flag_privacy, flag_names,
+from jdp.cli_support import (add_data_dir_arguments, add_seed_arguments, check_at_least, check_flag_privacy, flag_names,
                      no_out_hint, noise_seed, privacy_lines, write_result)
 
 # The named MovieLens datasets jdp.data.fetch downloads; their public rating scales are the published

@@ -13,7 +13,7 @@ import pathlib
 import time
 import warnings as _warnings
 
-from jdp.cli import add_seed_arguments, no_out_hint, noise_seed, privacy_lines, write_result
+from jdp.cli_support import add_seed_arguments, no_out_hint, noise_seed, privacy_lines, write_result
 
 DEFAULT_EPSILON = 3.0
 ALGORITHMS = ("meta-nsgd", "clustering", "ftmrl", "nonprivate", "local")

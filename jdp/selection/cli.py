@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from jdp.cli import add_seed_arguments, no_out_hint, noise_seed, privacy_lines, to_json, write_result
+from jdp.cli_support import add_seed_arguments, no_out_hint, noise_seed, privacy_lines, to_json, write_result
 
 # the generated problems' options; None on the command line = not given (refused beside --scores)
 SCENARIO_DEFAULTS = {"scenario": "bimodal-positive", "problems": 1000, "k": 100}

@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from jdp.cli import (add_data_dir_arguments, add_seed_arguments, check_at_least, check_flag_privacy, flag_names,
+from jdp.cli_support import (add_data_dir_arguments, add_seed_arguments, check_at_least, check_flag_privacy, flag_names,
                      move_to_group, no_out_hint, noise_seed, privacy_lines, write_result)
 from jdp.clipping.engine import METHODS as CLIPPING_METHODS
 from jdp.seqrec.models import MODELS, NORMS
