@@ -61,7 +61,7 @@ def audit_altmin(cfg: AltMinConfig = AltMinConfig(method="ada-dpals", epsilon=2.
         raise ValueError("mode 'many-run' needs runs >= 4")
     rng = np.random.default_rng(seed)
     synth = planted_powerlaw(seed=seed, n_users=background_users, n_items=background_items, nnz=background_ratings,
-                             rank=2, rating_scale=cfg.rating_range)
+                             rank=2, rating_scale=cfg.scale)
     bg = synth.data
     per_run = 1 if mode == "many-run" else canaries
     n_users = bg.n_users + per_run
@@ -70,7 +70,7 @@ def audit_altmin(cfg: AltMinConfig = AltMinConfig(method="ada-dpals", epsilon=2.
     scores, included, reported = [], [], None
     for r in range(runs):
         keep = (np.array([r % 2 == 0]) if mode == "many-run" else rng.random(per_run) < 0.5)
-        data, items = _canary_data(bg, per_run, items_per_canary, keep, cfg.rating_range[1], n_users, n_items)
+        data, items = _canary_data(bg, per_run, items_per_canary, keep, cfg.scale[1], n_users, n_items)
         model = fit(data, run_cfg, seed=seed * 1_000_003 + r)
         if reported is None:
             reported = (model.report.epsilon() if variant == "honest"
