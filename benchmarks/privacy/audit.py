@@ -43,30 +43,30 @@ def _cases(quick: bool):
     high = DPSGDAuditConfig(epsilon=8.0, delta=1e-5, steps=2, sampling_rate=1.0)
     out = [
         ("dp-sgd", "gradient canaries, one run, q = 1, 2 steps",
-         lambda: audit_dp_sgd(jax.random.key(11), cfg, canary="gradient", canaries=m_grad)),
+         lambda: audit_dp_sgd(jax.random.key(11), cfg, seed=0, canary="gradient", canaries=m_grad)),
         ("dp-sgd", "gradient canaries, one run, q = 0.25, 8 steps",
-         lambda: audit_dp_sgd(jax.random.key(12), poisson, canary="gradient", canaries=m_grad)),
+         lambda: audit_dp_sgd(jax.random.key(12), poisson, seed=0, canary="gradient", canaries=m_grad)),
         ("dp-sgd", "gradient canary, many runs",
-         lambda: audit_dp_sgd(jax.random.key(13), cfg, canary="gradient", mode="many-run", runs=runs)),
+         lambda: audit_dp_sgd(jax.random.key(13), cfg, seed=0, canary="gradient", mode="many-run", runs=runs)),
         ("dp-sgd", "gradient canary, many runs, ε = 8",
-         lambda: audit_dp_sgd(jax.random.key(16), high, canary="gradient", mode="many-run", runs=runs)),
+         lambda: audit_dp_sgd(jax.random.key(16), high, seed=0, canary="gradient", mode="many-run", runs=runs)),
         ("dp-sgd", "input canaries (black box), one run",
-         lambda: audit_dp_sgd(jax.random.key(14), cfg, canary="input", canaries=m_input)),
+         lambda: audit_dp_sgd(jax.random.key(14), cfg, seed=0, canary="input", canaries=m_input)),
         ("dp-sgd", "crafted float32-cancellation canaries, one run",
-         lambda: audit_dp_sgd(jax.random.key(15), cfg, canary="fp-cancel", canaries=m)),
+         lambda: audit_dp_sgd(jax.random.key(15), cfg, seed=0, canary="fp-cancel", canaries=m)),
         ("dp-sgd", "gradient canaries, one run",
-         lambda: audit_dp_sgd(jax.random.key(11), cfg, canary="gradient", canaries=m_grad, variant="no-clip")),
+         lambda: audit_dp_sgd(jax.random.key(11), cfg, seed=0, canary="gradient", canaries=m_grad, variant="no-clip")),
         ("dp-sgd", "input canaries (black box), one run",
-         lambda: audit_dp_sgd(jax.random.key(14), cfg, canary="input", canaries=m_input, variant="no-clip")),
+         lambda: audit_dp_sgd(jax.random.key(14), cfg, seed=0, canary="input", canaries=m_input, variant="no-clip")),
         ("dp-sgd", "gradient canaries, one run",
-         lambda: audit_dp_sgd(jax.random.key(11), cfg, canary="gradient", canaries=m_grad, variant="half-noise")),
+         lambda: audit_dp_sgd(jax.random.key(11), cfg, seed=0, canary="gradient", canaries=m_grad, variant="half-noise")),
         ("dp-sgd", "gradient canary, many runs",
-         lambda: audit_dp_sgd(jax.random.key(13), cfg, canary="gradient", mode="many-run", runs=runs,
+         lambda: audit_dp_sgd(jax.random.key(13), cfg, seed=0, canary="gradient", mode="many-run", runs=runs,
                               variant="half-noise")),
     ]
     if old_engine_available():
         out.append(("dp-sgd", "crafted float32-cancellation canaries, one run",
-                    lambda: audit_dp_sgd(jax.random.key(15), cfg, canary="fp-cancel", canaries=m,
+                    lambda: audit_dp_sgd(jax.random.key(15), cfg, seed=0, canary="fp-cancel", canaries=m,
                                          variant="old-engine")))
     inst = default_instances(n=int(200 * f), seed=0)
     draws = int(1_000_000 * f)

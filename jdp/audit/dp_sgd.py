@@ -249,7 +249,7 @@ def _kernel(params):
 def audit_dp_sgd(key: jax.Array, cfg: DPSGDAuditConfig = DPSGDAuditConfig(), *, canary: str = "gradient",
                  mode: str = "one-run", canaries: int = 1000, runs: int = 20000, background: int = 8,
                  variant: str = "honest", confidence: float = 0.95, canary_scale: float | None = None,
-                 seed: int = 0, run_chunk: int = 20000) -> RoutineAudit:
+                 seed: int, run_chunk: int = 20000) -> RoutineAudit:
     """Audits DP-SGD at `cfg` with canaries of kind `canary` in `mode`; returns the reported ε beside the bound.
 
     one-run: `canaries` canaries (each in w.p. 1/2) and `background` ordinary examples in one training run.

@@ -116,26 +116,26 @@ def test_many_run_bound_is_valid_and_has_power_on_a_gaussian_mechanism():
 # DP-SGD.
 @pytest.mark.parametrize("canary", ["gradient", "input"])
 def test_dp_sgd_one_run_audit_stays_below_reported_epsilon(canary):
-    a = audit_dp_sgd(jax.random.key(1), CFG, canary=canary, canaries=1000)
+    a = audit_dp_sgd(jax.random.key(1), CFG, seed=0, canary=canary, canaries=1000)
     assert a.reported_epsilon == pytest.approx(2.0, abs=1e-3)
     assert 0.0 <= a.epsilon_lower_bound <= a.reported_epsilon and not a.violated
 
 
 def test_dp_sgd_many_run_gradient_canary_audit_stays_below_reported_epsilon():
-    a = audit_dp_sgd(jax.random.key(2), CFG, canary="gradient", mode="many-run", runs=20_000)
+    a = audit_dp_sgd(jax.random.key(2), CFG, seed=0, canary="gradient", mode="many-run", runs=20_000)
     assert 0.3 < a.epsilon_lower_bound <= a.reported_epsilon
 
 
 @pytest.mark.parametrize("canary", ["gradient", "input"])
 def test_dp_sgd_audit_catches_clipping_turned_off(canary):
-    a = audit_dp_sgd(jax.random.key(1), CFG, canary=canary, canaries=1000, variant="no-clip")
+    a = audit_dp_sgd(jax.random.key(1), CFG, seed=0, canary=canary, canaries=1000, variant="no-clip")
     assert a.violated and a.epsilon_lower_bound > 1.5 * a.reported_epsilon
 
 
 def test_dp_sgd_audit_catches_half_the_noise():
     """σ/2 while the report states ε at σ (true ε ≈ 4.4 at ε = 2): 150,000 runs with and without one gradient
     canary."""
-    a = audit_dp_sgd(jax.random.key(3), CFG, canary="gradient", mode="many-run", runs=150_000, variant="half-noise")
+    a = audit_dp_sgd(jax.random.key(3), CFG, seed=0, canary="gradient", mode="many-run", runs=150_000, variant="half-noise")
     assert a.violated, a.to_dict()
 
 
@@ -145,9 +145,9 @@ def test_dp_sgd_audit_of_the_crafted_cancellation_canary():
     if not old_engine_available():
         pytest.skip("jdp.clipping.norms._FP_BOUND does not exist yet: the engine without the floating-point bound "
                     "cannot be selected (and the default engine is the old one)")
-    honest = audit_dp_sgd(jax.random.key(4), CFG, canary="fp-cancel", canaries=4096)
+    honest = audit_dp_sgd(jax.random.key(4), CFG, seed=0, canary="fp-cancel", canaries=4096)
     assert not honest.violated and honest.epsilon_lower_bound <= honest.reported_epsilon
-    old = audit_dp_sgd(jax.random.key(4), CFG, canary="fp-cancel", canaries=4096, variant="old-engine")
+    old = audit_dp_sgd(jax.random.key(4), CFG, seed=0, canary="fp-cancel", canaries=4096, variant="old-engine")
     assert old.violated and old.epsilon_lower_bound > 1.5 * old.reported_epsilon, old.to_dict()
     from jdp.clipping import norms
     assert norms._FP_BOUND is True  # restored
@@ -155,11 +155,11 @@ def test_dp_sgd_audit_of_the_crafted_cancellation_canary():
 
 def test_dp_sgd_audit_rejects_bad_options():
     with pytest.raises(ValueError, match="variant"):
-        audit_dp_sgd(jax.random.key(0), CFG, variant="nope")
+        audit_dp_sgd(jax.random.key(0), CFG, seed=0, variant="nope")
     with pytest.raises(ValueError, match="many-run"):
-        audit_dp_sgd(jax.random.key(0), CFG, canary="input", mode="many-run")
+        audit_dp_sgd(jax.random.key(0), CFG, seed=0, canary="input", mode="many-run")
     with pytest.raises(ValueError, match="canary"):
-        audit_dp_sgd(jax.random.key(0), CFG, canary="nope")
+        audit_dp_sgd(jax.random.key(0), CFG, seed=0, canary="nope")
 
 
 # ---------------------------------------------------------------------------------------------------
