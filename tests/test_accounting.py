@@ -108,10 +108,10 @@ def test_equivalent_spellings_share_one_accounting_and_fresh_values(monkeypatch)
     flat = dp_accounting.ComposedDpEvent([g(7.0), sc(step, 12)])
     nested = dp_accounting.ComposedDpEvent([dp_accounting.ComposedDpEvent([g(7.0)]),
                                             sc(sc(dp_accounting.ComposedDpEvent([step]), 4), 3)])
-    monkeypatch.setattr(acc, "_ACCOUNTED", {})
+    monkeypatch.setattr(acc.events, "_ACCOUNTED", {})
     runs = []
-    account = acc._account
-    monkeypatch.setattr(acc, "_account", lambda *a: runs.append(a[0]) or account(*a))
+    account = acc.events._account
+    monkeypatch.setattr(acc.events, "_account", lambda *a: runs.append(a[0]) or account(*a))
     eps = acc.compute_epsilon(flat, 1e-5)
     assert acc.compute_epsilon(nested, 1e-5) == eps and len(runs) == 1
     # the same event at another δ, other orders or another accountant is accounted again

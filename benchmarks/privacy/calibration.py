@@ -45,20 +45,20 @@ def _calibrate(make_event, epsilon: float, window: int) -> tuple[float, float, i
     """(parameter, seconds, accountings over every order, over a window) of one calibration from an empty memo."""
     n_all = len(acc.DEFAULT_RDP_ORDERS)
     calls: list[int] = []
-    account, saved = acc._account, acc._ORDER_WINDOW
+    account, saved = acc.events._account, acc.calibration._ORDER_WINDOW
 
     def counted(event, *args):
         calls.append(len(args[2]))
         return account(event, *args)
 
-    acc._account, acc._ORDER_WINDOW = counted, window
-    acc._ACCOUNTED.clear()
+    acc.events._account, acc.calibration._ORDER_WINDOW = counted, window
+    acc.events._ACCOUNTED.clear()
     try:
         t0 = time.perf_counter()
         sigma = acc.calibrate(make_event, epsilon, DELTA, bracket=(0.05, 500.0))
         seconds = time.perf_counter() - t0
     finally:
-        acc._account, acc._ORDER_WINDOW = account, saved
+        acc.events._account, acc.calibration._ORDER_WINDOW = account, saved
     every = sum(n == n_all for n in calls)
     return sigma, seconds, every, len(calls) - every
 
@@ -67,7 +67,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    variants = {"windows": acc._ORDER_WINDOW, "every order": len(acc.DEFAULT_RDP_ORDERS)}
+    variants = {"windows": acc.calibration._ORDER_WINDOW, "every order": len(acc.DEFAULT_RDP_ORDERS)}
     rows = []
     for name, epsilon, make_event in _cases():
         best: dict[str, tuple] = {}
@@ -88,7 +88,7 @@ def main() -> None:
               f"{t_a / t_w:.1f}×", flush=True)
     total_w, total_a = sum(r["seconds_windows"] for r in rows), sum(r["seconds_every_order"] for r in rows)
     print(f"all: {total_w:.2f} s vs {total_a:.2f} s ({total_a / total_w:.1f}×)")
-    write_results("accounting_calibration", rows, rounds=args.rounds, order_window=acc._ORDER_WINDOW,
+    write_results("accounting_calibration", rows, rounds=args.rounds, order_window=acc.calibration._ORDER_WINDOW,
                   orders=len(acc.DEFAULT_RDP_ORDERS))
 
 

@@ -168,7 +168,7 @@ def test_delta_at_or_above_one_over_n_is_refused_and_near_it_warned():
 def test_events_that_print_alike_are_accounted_apart(monkeypatch):
     # numpy prints an array's floats to 8 digits: these two noise multipliers share a repr, not a value,
     # so each must get its own accounting (a repr-keyed memo would return the first one's ε for both)
-    monkeypatch.setattr(acc, "_ACCOUNTED", {})
+    monkeypatch.setattr(acc.events, "_ACCOUNTED", {})
     events = [dpe.SelfComposedDpEvent(dpe.PoissonSampledDpEvent(0.01, dpe.GaussianDpEvent(np.array(z))), 100)
               for z in (0.7000000001, 0.7000000049)]
     assert repr(events[0]) == repr(events[1])
@@ -177,9 +177,9 @@ def test_events_that_print_alike_are_accounted_apart(monkeypatch):
         fresh.compose(event)
         assert acc.compute_epsilon(event, 1e-5) == fresh.get_epsilon(1e-5)
     assert acc.compute_epsilon(events[0], 1e-5) > acc.compute_epsilon(events[1], 1e-5)
-    assert len(acc._ACCOUNTED) == 2
+    assert len(acc.events._ACCOUNTED) == 2
     # a field the key cannot read exactly is accounted afresh, never keyed by an approximation
-    assert acc._event_key(dpe.GaussianDpEvent(object())) is None
+    assert acc.events._event_key(dpe.GaussianDpEvent(object())) is None
 
 
 def _composed_dp_sgd(s):  # seqrec: a released histogram beside the DP-SGD steps
@@ -198,16 +198,16 @@ def test_calibrate_over_windows_of_orders_finds_the_every_order_root(make_event,
     take few every-order accountings beyond the bracket's (the root and, rarely, one repeat)."""
     full = len(acc.DEFAULT_RDP_ORDERS)
     calls = []
-    account = acc._account
-    monkeypatch.setattr(acc, "_account", lambda event, *args: calls.append(len(args[2])) or account(event, *args))
-    acc._ACCOUNTED.clear()
+    account = acc.events._account
+    monkeypatch.setattr(acc.events, "_account", lambda event, *args: calls.append(len(args[2])) or account(event, *args))
+    acc.events._ACCOUNTED.clear()
     s = calibrate(make_event, epsilon, DELTA, bracket=(1e-3, 1e5))
     walk = 2 + math.ceil(abs(math.log(s)) / math.log(4.0))  # the bracket's steps of ×4 from 1, over every order
     assert sum(n == full for n in calls) <= walk + 2
     assert compute_epsilon(make_event(s), DELTA) <= epsilon
     for window in (full, 0):  # every order at every step; one order at a time (only the every-order checks find
-        monkeypatch.setattr(acc, "_ORDER_WINDOW", window)  # the optimum)
-        acc._ACCOUNTED.clear()
+        monkeypatch.setattr(acc.calibration, "_ORDER_WINDOW", window)  # the optimum)
+        acc.events._ACCOUNTED.clear()
         assert s == pytest.approx(calibrate(make_event, epsilon, DELTA, bracket=(1e-3, 1e5)), rel=1e-5)
 
 
