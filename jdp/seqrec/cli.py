@@ -42,10 +42,11 @@ def register(subparsers) -> None:
     add_data_dir_arguments(p)
     p.add_argument("--model", default="dpformer", choices=[*MODELS, "transitions"],
                    help="a network trained by DP-SGD, or 'transitions': item-to-item transitions from ONE release "
-                        "(jdp.seqrec.transitions; needs --k; its popularity release has noise std 4)")
+                        "(jdp.seqrec.transitions; its popularity release has noise std 4)")
     p.add_argument("--k", type=int, default=None,
-                   help="transitions: number of candidate items (public choice; the best K shrinks with ε and "
-                        "with fewer users: ~500 on Amazon Games, ~100 on ML-100K at ε = 8)")
+                   help="transitions: number of candidate items (a public choice; default: the rule "
+                        "round(2.5 sqrt(users / sigma)) of the release's sigma, e.g. 548 on Amazon Games and 96 on "
+                        "ML-100K at ε = 8; --non-private needs it)")
     p.add_argument("--history", type=int, default=3, help="transitions: recent items whose rows score a user")
     p.add_argument("--epsilon", type=float, default=None, help=f"(default: {DEFAULT_EPSILON}); refused with --non-private")
     p.add_argument("--non-private", action="store_true",
@@ -294,8 +295,8 @@ def run(args: argparse.Namespace) -> int:
         if not args.checkpoint:
             raise ValueError("--max-minutes stops training early and saves it for --resume: give --checkpoint FILE")
     if args.model == "transitions":  # refuse before any work
-        if args.k is None:
-            raise ValueError("--model transitions needs --k (the number of candidate items, a public choice)")
+        if args.k is None and args.non_private:
+            raise ValueError("--model transitions --non-private needs --k (the rule for K reads the release's noise)")
         if args.mask_history or args.checkpoint or args.resume:
             raise ValueError("--mask-history, --checkpoint and --resume do not apply to --model transitions")
     # a given data input is never ignored (the rule of `jdp altmin` too): refused where it does not apply
@@ -439,7 +440,8 @@ def _run_transitions(args: argparse.Namespace, d, key, seed: int, t_load: float)
     baselines = E.baseline_metrics(d, public if public is not None else model.counts if model.report else None)
     out = {"data": args.data, **({"data_seed": args.data_seed} if args.data == "synthetic" else {}),
            "model": "transitions", "epsilon": _epsilon(args), "delta": args.delta,
-           "seed": seed, "n_users": d.n_users, "n_items": d.n_items, "maxlen": d.maxlen, "k": args.k,
+           "seed": seed, "n_users": d.n_users, "n_items": d.n_items, "maxlen": d.maxlen, "k": int(model.items.size),
+           "k_rule": args.k is None,
            "history": args.history, "noise_multiplier": model.noise_multiplier,
            "vocabulary": args.vocabulary, "vocabulary_assumptions": list(d.vocab_assumptions),
            "evaluation": {"ranking": "full (all items, padding excluded)", "history_masked": False},

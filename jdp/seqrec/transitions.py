@@ -16,6 +16,7 @@ It exists because DP-SGD on a 23,716-row item table learns little beyond popular
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import NamedTuple
 
 import dp_accounting.dp_event as dpe
@@ -28,6 +29,12 @@ from jdp.seqrec.evaluate import ndcg_hit_from_ranks
 from jdp.validation import check_positive, check_privacy
 
 HIST_NOISE_MULTIPLIER = 4.0  # the popularity release's noise std (per-user norm 1): top few hundred items stand out
+# `default_k`: K = K_PER_ROOT · √(N/σ). Each user's transitions carry Frobenius norm 1 over the K² cells, so a
+# cell's signal grows like N/K² against noise σ: the same signal-to-noise at every N and ε means K ∝ √(N/σ). The
+# constant is fitted once to the validation grids of Amazon Games (N = 31,013: best K 500 / 500 / 1000 ≈ 500 at
+# ε = 5 / 8 / 10) and ML-100K (N = 943: 100 at ε = 5 and 8) (benchmarks/seqrec/README.md#transitions): a public
+# rule, not a choice on the private data of a run.
+K_PER_ROOT = 2.5
 
 
 def user_sequences(inputs: np.ndarray, targets: np.ndarray) -> list[np.ndarray]:
@@ -112,15 +119,28 @@ class TransitionModel:
         return {**ndcg_hit_from_ranks(np.concatenate(ranks), k), "n_users": int(keep.size)}
 
 
-def fit(data: D.SeqData, epsilon: float | None, delta: float, k: int, key: jax.Array, *, history: int = 3,
+def default_k(n_users: int, noise_std: float, n_items: int) -> int:
+    """The number of candidate items from public quantities only: round(K_PER_ROOT · √(n_users / noise_std)),
+    within [1, n_items] (n_users: the declared number of users; noise_std: the transition release's σ)."""
+    n = check_positive(n_users, "n_users")
+    k = int(round(K_PER_ROOT * math.sqrt(n / check_positive(noise_std, "noise_std"))))
+    return min(max(k, 1), int(n_items))
+
+
+def fit(data: D.SeqData, epsilon: float | None, delta: float, k: int | None, key: jax.Array, *, history: int = 3,
         hist_noise_multiplier: float = HIST_NOISE_MULTIPLIER, public_item_counts: np.ndarray | None = None) -> TransitionModel:
     """Releases the transition model of `data`'s training sequences at (ε, δ) in one report: the item histogram
     (unless `public_item_counts` are declared) and the [k, k] transition sums, whose noise is calibrated so
-    that the composition meets (ε, δ). `epsilon=None`: the NON-PRIVATE reference (exact counts and sums).
-    `key` seeds both noise draws: keep it secret."""
-    k, history, public_item_counts = _check(data, k, history, public_item_counts)
+    that the composition meets (ε, δ). `k=None`: `default_k` of the declared users and that noise (public).
+    `epsilon=None`: the NON-PRIVATE reference (exact counts and sums; needs k). `key` seeds both noise draws:
+    keep it secret."""
     if epsilon is None:
+        if k is None:
+            raise ValueError("k is required for the non-private reference (default_k needs the release's noise)")
+        k, history, public_item_counts = _check(data, k, history, public_item_counts)
         return release(data, k, key, None, None, history=history, public_item_counts=public_item_counts)
+    given_k, history, public_item_counts = _check(data, 1 if k is None else k, history, public_item_counts)
+    k = None if k is None else given_k  # refused before any work when given and out of range
     epsilon, delta = check_privacy(epsilon, delta, data.n_users, unit="user")
     report = accounting.PrivacyReport(delta, unit="user", relation=accounting.ADD_OR_REMOVE_ONE)
     for vocab_release in data.vocab_releases:
@@ -132,6 +152,8 @@ def fit(data: D.SeqData, epsilon: float | None, delta: float, k: int, key: jax.A
         fixed.append(accounting.gaussian_event(check_positive(hist_noise_multiplier, "hist_noise_multiplier")))
     sigma = accounting.calibrate(lambda s: dpe.ComposedDpEvent(fixed + [accounting.gaussian_event(s)]),
                                  epsilon, delta, bracket=(0.05, 500.0))
+    if k is None:
+        k = default_k(data.n_users, sigma, data.n_items)
     return release(data, k, key, report, sigma, history=history, hist_noise_multiplier=hist_noise_multiplier,
                    public_item_counts=public_item_counts)
 
@@ -215,4 +237,5 @@ def _top(counts: np.ndarray, k: int) -> np.ndarray:
     return np.sort(np.argsort(-c, kind="stable")[:k])
 
 
-__all__ = ["HIST_NOISE_MULTIPLIER", "ItemEmbedding", "TransitionModel", "fit", "item_embedding", "release", "transition_sum", "user_sequences"]
+__all__ = ["HIST_NOISE_MULTIPLIER", "K_PER_ROOT", "ItemEmbedding", "TransitionModel", "default_k", "fit", "item_embedding",
+           "release", "transition_sum", "user_sequences"]

@@ -6,6 +6,7 @@ import os
 import pytest
 
 from jdp import cli
+from jdp.seqrec import transitions as T
 
 
 @pytest.mark.slow  # real data, two runs and a resume: CI runs it (make test-slow)
@@ -63,7 +64,7 @@ def test_quick_run_lowers_xla_optimisation_only_when_the_caller_set_no_flags(mon
 
 
 def test_cli_seqrec_transitions_one_release(tmp_path, capsys):
-    """`--model transitions`: one release, its report, the baselines beside it, JSON and plot; --k is required."""
+    """`--model transitions`: one release, its report, the baselines beside it, JSON and plot; K by the rule."""
     out, png = tmp_path / "run.json", tmp_path / "bars.png"
     args = ["seqrec", "--data", "synthetic", "--model", "transitions", "--k", "100", "--epsilon", "8", "--seed", "1",
             "--no-progress", "--out", str(out), "--plot", str(png)]
@@ -75,5 +76,11 @@ def test_cli_seqrec_transitions_one_release(tmp_path, capsys):
     assert res["metrics"]["ndcg_at_10_test"] > res["baselines"]["popularity"]["ndcg_at_10_test"]
     assert "warnings" not in res and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "total epsilon" in capsys.readouterr().out
-    assert cli.main(args[:5] + args[7:]) == 2                        # no --k: refused before any work
+    # no --k: the public rule sets K from the users and the release's sigma
+    assert cli.main(args[:5] + args[7:]) == 0
+    ruled = json.loads(out.read_text())
+    assert ruled["k_rule"] and ruled["k"] == T.default_k(ruled["n_users"], ruled["noise_multiplier"], ruled["n_items"])
+    capsys.readouterr()
+    non_private = args[:5] + ["--non-private"] + args[9:]            # the rule needs the release's noise
+    assert cli.main(non_private) == 2
     assert "needs --k" in capsys.readouterr().err

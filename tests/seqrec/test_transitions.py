@@ -118,3 +118,20 @@ def test_item_embedding_factorises_the_symmetrised_release_with_its_signs():
     np.testing.assert_allclose(vals_top[[0, 1]] / vals_top[0], np.sort(values)[:2] / np.sort(values)[0], rtol=1e-9)
     with pytest.raises(ValueError, match="d must be"):
         T.item_embedding(model, 0)
+
+def test_default_k_is_the_public_rule_and_fit_uses_it_without_reading_the_data():
+    # K = 2.5 sqrt(N / sigma): grows with the users and with epsilon (smaller sigma), within [1, n_items]
+    assert T.default_k(31013, 0.646, 23715) == round(2.5 * (31013 / 0.646) ** 0.5) == 548
+    assert T.default_k(943, 0.981, 1682) < T.default_k(943, 0.646, 1682) < T.default_k(31013, 0.646, 23715)
+    assert T.default_k(10**9, 0.05, 300) == 300 and T.default_k(1, 500.0, 300) == 1
+    with pytest.raises(ValueError, match="noise_std"):
+        T.default_k(100, 0.0, 10)
+    d = D.load("synthetic", data_seed=1)
+    model = T.fit(d, 8.0, 1e-5, None, jax.random.key(3))
+    assert model.items.size == T.default_k(d.n_users, model.noise_multiplier, d.n_items)
+    # the same K from another data set of as many users: the rule reads no private value
+    other = D.load("synthetic", data_seed=2)
+    assert other.n_users == d.n_users and model.items.size < min(d.n_items, other.n_items)
+    assert T.fit(other, 8.0, 1e-5, None, jax.random.key(3)).items.size == model.items.size
+    with pytest.raises(ValueError, match="non-private"):
+        T.fit(d, None, 1e-5, None, jax.random.key(3))
