@@ -160,6 +160,28 @@ def use_default_showing_help(parser: argparse.ArgumentParser) -> None:
                 use_default_showing_help(child)
 
 
+class DeprecatedFlag(argparse.Action):
+    """A flag renamed in this release (`add_deprecated_flag`): stores its value under the new flag's name and
+    prints a deprecation note on stderr."""
+
+    def __init__(self, option_strings, dest, new_flag: str, **kwargs):
+        super().__init__(option_strings, dest, **kwargs)
+        self.new_flag = new_flag
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"note: {option_string} is deprecated and will be removed in the next release; use {self.new_flag}",
+              file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def add_deprecated_flag(parser: argparse.ArgumentParser, old: str, new: str) -> None:
+    """`old`, the name of the flag `new` (already added) before this release: still accepted for one release, not
+    shown in --help, with a deprecation note on stderr."""
+    action = next(a for a in parser._actions if new in a.option_strings)
+    parser.add_argument(old, dest=action.dest, type=action.type, metavar=action.metavar, action=DeprecatedFlag,
+                        new_flag=new, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
 def deepest_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
     """The (sub)parser of the command `args` ran, e.g. `jdp select run`'s: its usage line names the command."""
     while True:

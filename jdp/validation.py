@@ -1,10 +1,11 @@
 """Input validation shared by every routine: privacy parameters (ε, δ; `check_privacy` is the one rule of every
-private entry point), positive scalars, (0, 1) values, and the selection mechanisms' score / sensitivity arrays
-(host side; skipped for traced values under jit).
+private entry point), positive scalars, (0, 1) values, the selection mechanisms' score / sensitivity arrays
+(host side; skipped for traced values under jit), and keywords renamed in this release (`renamed_keywords`).
 
 Each check raises a ValueError naming the argument and returns the validated value."""
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 
@@ -187,3 +188,44 @@ def check_open_unit(value: float, name: str) -> float:
     if not (0.0 < v < 1.0) or math.isnan(v):
         raise ValueError(f"{name} must be in (0, 1), got {value!r}")
     return v
+
+
+def renamed_keywords(**renames: str):
+    """Decorator for keywords renamed in this release, e.g. `@renamed_keywords(clip="l2_clip")`: the old keyword
+    still works for one release, with a DeprecationWarning naming the new one; passing both is a ValueError. On a
+    function it renames the call's keywords; on a (data)class those of its constructor, and reading the old
+    attribute name also works, with the same warning."""
+    def deprecated(where: str, old: str, new: str, stacklevel: int) -> None:  # stacklevel: the caller's frame
+        warnings.warn(f"{where}: {old} is deprecated and will be removed in the next release; use {new}",
+                      DeprecationWarning, stacklevel=stacklevel)
+
+    def renamed(where: str, kwargs: dict) -> dict:
+        for old, new in renames.items():
+            if old in kwargs:
+                if new in kwargs:
+                    raise ValueError(f"{where}: {old}= is the deprecated name of {new}=; pass {new}= only")
+                deprecated(where, f"{old}=", f"{new}=", 4)
+                kwargs[new] = kwargs.pop(old)
+        return kwargs
+
+    def decorate(obj):
+        if not isinstance(obj, type):
+            @functools.wraps(obj)
+            def call(*args, **kwargs):
+                return obj(*args, **renamed(obj.__name__, kwargs))
+            return call
+        init = obj.__init__
+
+        @functools.wraps(init)
+        def __init__(self, *args, **kwargs):
+            init(self, *args, **renamed(obj.__name__, kwargs))
+
+        def __getattr__(self, name: str):  # only reached when the normal lookup fails
+            if name not in renames:
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            deprecated(type(self).__name__, f".{name}", f".{renames[name]}", 3)
+            return getattr(self, renames[name])
+
+        obj.__init__, obj.__getattr__ = __init__, __getattr__
+        return obj
+    return decorate

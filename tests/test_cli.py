@@ -21,8 +21,8 @@ def test_a_missing_data_file_is_a_clean_error(capsys, tmp_path):
 def test_bad_counts_are_refused_before_any_work(capsys):
     assert main(["select", "curves", "--trials", "0"]) == 2
     assert "--trials must be >= 1" in capsys.readouterr().err
-    assert main(["meta", "--clip", "0", "--seed", "1"]) == 2
-    assert "--clip" in capsys.readouterr().err
+    assert main(["meta", "--l2-clip", "0", "--seed", "1"]) == 2
+    assert "--l2-clip must be" in capsys.readouterr().err
 
 
 def test_malformed_sequence_file_names_the_line(tmp_path):

@@ -68,7 +68,7 @@ SMALL = ["--synthetic-size", "500", "100", "5000"]
     (["altmin", "--seed", "-1", *SMALL], ["--seed must be"]),
     (["seqrec", "--data", "synthetic", "--epochs", "0"], ["--epochs must be"]),
     (["seqrec", "--data", "synthetic", "--batch-size", "-1"], ["--batch-size must be >= 1"]),
-    (["seqrec", "--data", "synthetic", "--clip", "-1"], ["--clip must be"]),
+    (["seqrec", "--data", "synthetic", "--l2-clip", "-1"], ["--l2-clip must be"]),
     (["seqrec", "--data", "synthetic", "--length-buckets", "a,b"], ["--length-buckets must be"]),
     (["demo", "--users", "-5"], ["jdp demo: error: --users must be >= 1"]),
     # an input that would be ignored is refused

@@ -85,7 +85,7 @@ def test_absurd_epsilon_ends_calibration_at_once():
         calibrate_noise_multiplier(1e12, 1e-5, 0.01, 100)
     with pytest.raises(ValueError, match="above the largest target"):
         M.meta_nsgd(KEY, tasks, learner, jnp.zeros(3), epsilon=1e12, delta=1e-5, steps=3,
-                    batch_size=2, meta_lr=0.5, clip=1.0)
+                    batch_size=2, meta_lr=0.5, l2_clip=1.0)
     assert time.perf_counter() - t0 < 2.0
     # the largest accepted target calibrates (to the bracket's floor at most)
     with pytest.warns(UserWarning, match="above 30"):
@@ -120,7 +120,7 @@ def test_altmin_fit_refuses_delta_at_or_above_one_over_users():
 
 def test_meta_entry_points_refuse_delta_at_or_above_one_over_tasks():
     tasks, learner, h0 = _tasks(10), M.RidgeLearner(lam=0.8), jnp.zeros(3)
-    common = dict(epsilon=1.0, delta=0.1, meta_lr=0.5, clip=1.0)
+    common = dict(epsilon=1.0, delta=0.1, meta_lr=0.5, l2_clip=1.0)
     with pytest.raises(ValueError, match="n = 10 protected tasks"):
         M.meta_nsgd(KEY, tasks, learner, h0, steps=3, batch_size=2, **common)
     with pytest.raises(ValueError, match="n = 10 protected tasks"):
@@ -167,7 +167,7 @@ def test_multitask_ssp_and_noisy_gd_refuse_a_report_delta_at_or_above_one_over_u
     with pytest.raises(ValueError, match="report.delta = 0.2 >= 1/n = 0.125 for n = 8 protected users"):
         ssp.task_weighted_ssp(KEY, task, user, x, y, w, n_tasks, n_users, beta=1.0, clip_x=1.0, clip_y=1.0,
                               noise_multiplier=1.0, lam=1.0, report=accounting.PrivacyReport(0.2))
-    cfg = noisy_gd.NoisyGDConfig(clip_norm=1.0, noise_multiplier=1.0, steps=2, learning_rate=0.1)
+    cfg = noisy_gd.NoisyGDConfig(l2_clip=1.0, noise_multiplier=1.0, steps=2, learning_rate=0.1)
     with pytest.raises(ValueError, match="report.delta = 0.2 >= 1/n"):
         noisy_gd.task_weighted_noisy_gd(KEY, task, user, x, y, w, n_tasks, n_users, cfg, clip_x=1.0, clip_y=1.0,
                                         report=accounting.PrivacyReport(0.2))

@@ -103,7 +103,7 @@ def grid_runner(q: int, sampling: str, learner=LEARNER):
     """jit(vmap over reps(vmap over configs)) of the engine + evaluation -> risks [R, C]."""
     def one(key, data, mask, n_active, noise_std, clip, h0, ft, ts):
         last, _ = engine.train(key, data, mask, h0, learner=learner, spec=SPEC, batch_size=BATCH, sampling=sampling,
-                               steps=n_active, n_active=n_active, meta_lr=META_LR, clip=clip, noise_std=noise_std,
+                               steps=n_active, n_active=n_active, meta_lr=META_LR, l2_clip=clip, noise_std=noise_std,
                                radius=jnp.float32(jnp.inf), chunk=20 if sampling == "poisson" else None)
         return jnp.mean(per_task_risk(jax.random.fold_in(key, 7), learner, SPEC, last, ft, ts))
 
@@ -168,7 +168,7 @@ def run_ftmrl(setting, epsilons, ns, pools, tests, rk, clip) -> list[dict]:
             risks = []
             for k, pool, (f, t) in zip(rk, pools, tests):
                 r = M.dp_ftmrl(jax.random.fold_in(k, 6), pool.take(jnp.arange(n)), LEARNER, jnp.zeros(D),
-                               epsilon=e, delta=DELTA, meta_lr=META_LR, clip=clip, batch_size=BATCH, output="last")
+                               epsilon=e, delta=DELTA, meta_lr=META_LR, l2_clip=clip, batch_size=BATCH, output="last")
                 risks.append(M.transfer_risk(jax.random.fold_in(k, 7), LEARNER, r, f, t))
             rows.append(dict(setting=setting.replace("-authors-generator", ""), generator=SETTINGS[setting][0],
                              method="DP-FTMRL", sampling="one pass", epsilon=e, delta=DELTA, q=1, n_tasks=n,

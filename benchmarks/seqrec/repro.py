@@ -125,7 +125,7 @@ def main(argv=None) -> int:
                 with partial.open("a") as f:
                     f.write(json.dumps(row, default=float) + "\n")
     protocol = {"clipping": args.clipping, "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr, "maxlen": d.maxlen,
-                "d": 64, "heads": 1, "blocks": 2, "dropout": dropout, "delta": 1e-5, "clip": 1.0,
+                "d": 64, "heads": 1, "blocks": 2, "dropout": dropout, "delta": 1e-5, "l2_clip": 1.0,
                 "evaluation": "full ranking over all items, padding excluded, history not masked",
                 "tuning": "none (fixed hyper-parameters chosen before any run)",
                 "reduced": "paper: 100 epochs + lr/batch grid on GPU; here: see epochs/batch_size"}

@@ -10,7 +10,7 @@ import dataclasses
 import math
 
 from jdp.data import Interactions
-from jdp.validation import check_positive, check_privacy
+from jdp.validation import check_positive, check_privacy, renamed_keywords
 
 RIDGE, NOISY_GD = "ridge", "noisy_gd"  # item update rules
 ALLOCATIONS = ("none", "uniform", "tail", "adaptive")  # how a user's budget k is spread over the user's ratings
@@ -89,6 +89,7 @@ def default_label_norm(dim: int | None, budget: int, label_clip: float) -> float
 
 
 
+@renamed_keywords(sgd_clip="l2_clip")  # the old name works until the next release, with a DeprecationWarning
 @dataclasses.dataclass(frozen=True)
 class AltMinConfig:
     """Hyper-parameters. `None` fields take the documented defaults in `resolve()` (and `fit()` for dim),
@@ -162,7 +163,7 @@ class AltMinConfig:
                                          # (`plan_run`), spending size_fraction of ε
     size_fraction: float = 0.05          # ε share that sets the noise of that released total
     sgd_inner_steps: int = 4             # noisy GD updates per outer step (dpsgd-*)
-    sgd_clip: float = 1.0                # per-user gradient clip C (dpsgd-*)
+    l2_clip: float = 1.0                 # C: per-user L2 clip of the noisy-GD gradient (dpsgd-*; was sgd_clip)
     sgd_lr: float | None = None          # None: per-item steps from the released counts (`item_step_sizes`);
                                          # a float: one step size for every item. Each noisy-GD update divides
                                          # the summed gradient by q·n_users (n_users: the declared public size)

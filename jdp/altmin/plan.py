@@ -90,7 +90,7 @@ def _size_releases(cfg: AltMinConfig, sigma: float) -> list[Release]:
 def noisy_gd_config(cfg: AltMinConfig, sigma: float) -> NoisyGDConfig:
     """One noisy-GD item update: `sgd_inner_steps` steps with clip C, step size and the public ridge of `cfg`
     (sgd_lr=None: the 1.0 here is a placeholder, `_NoisyGDItemUpdate` passes the per-item `item_step_sizes`)."""
-    return NoisyGDConfig(cfg.sgd_clip, sigma, cfg.sgd_inner_steps, cfg.sgd_lr or 1.0,
+    return NoisyGDConfig(cfg.l2_clip, sigma, cfg.sgd_inner_steps, cfg.sgd_lr or 1.0,
                          lam=cfg.reg if cfg.reg is not None else 0.0, sample_rate=cfg.sample_rate)
 
 
@@ -469,7 +469,7 @@ def item_step_sizes(cfg: AltMinConfig, noise: NoiseMultipliers, counts: np.ndarr
 
 def _early_stopping_step(cfg: AltMinConfig, noise: NoiseMultipliers, n_users: int, n_items: int) -> tuple[float, float]:
     """(the early-stopping step size of `item_step_sizes`, the typical clip factor s̄): public values and σ only."""
-    g0, k, clip = cfg.bias_clip, cfg.budget, cfg.sgd_clip
+    g0, k, clip = cfg.bias_clip, cfg.budget, cfg.l2_clip
     s2, tau2 = bias_priors(cfg)
     clip_level = min(1.0, clip / (cfg.item_feature_bound * math.sqrt(s2 * k)))
     mean_count = min(n_users * k / n_items, float(n_users))

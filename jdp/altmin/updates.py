@@ -157,7 +157,7 @@ class _RidgeItemUpdate:
 
 class _NoisyGDItemUpdate:
     """Item update by `sgd_inner_steps` task-weighted noisy GD steps (`dpsgd-*`, `ada-dpsgd`) from the current
-    θ_i = [v_i, c_i / γ₀]; every user's total gradient is clipped to `sgd_clip`."""
+    θ_i = [v_i, c_i / γ₀]; every user's total gradient is clipped to `l2_clip`."""
 
     def __init__(self, train: Interactions, weights: np.ndarray, cfg: AltMinConfig, noise: NoiseMultipliers,
                  timings: dict, counts: np.ndarray | None = None, gram_key: jax.Array | None = None):

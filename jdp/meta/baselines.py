@@ -18,6 +18,7 @@ from jdp.meta.clustering import random_init
 from jdp.meta.evaluate import transfer_risk
 from jdp.meta.meta_nsgd import MetaResult, _validate, check_fits, stack_init
 from jdp.meta.tasks import TaskSet
+from jdp.validation import renamed_keywords
 
 PyTree = Any
 
@@ -30,15 +31,16 @@ def local_training_risk(key, learner, template: PyTree, finetune: TaskSet, test:
     return transfer_risk(key, learner, flat, finetune, test, spec=spec)
 
 
+@renamed_keywords(clip="l2_clip")  # the old name works until the next release, with a DeprecationWarning
 def meta_sgd_nonprivate(key, tasks: TaskSet, learner, *, steps: int, batch_size: int, meta_lr: float,
                         q: int = 1, h0: PyTree | list | None = None, template: PyTree | None = None,
                         init_scale: float = 0.18, sampling: str = "fixed", output: str = "last",
-                        clip: float | None = None, radius: float | None = None) -> MetaResult:
+                        l2_clip: float | None = None, radius: float | None = None) -> MetaResult:
     """NON-PRIVATE meta-SGD (q = 1) or clustering meta-learning (q > 1): no noise, optional clipping.
 
     Mirrors the private algorithms exactly except for the noise, for ε = ∞ reference curves.
     """
-    _validate(tasks, steps, batch_size, meta_lr, clip, sampling, output, radius)
+    _validate(tasks, steps, batch_size, meta_lr, l2_clip, sampling, output, radius)
     k_init, k_run = jax.random.split(key)
     if h0 is None:
         if template is None:
@@ -53,7 +55,7 @@ def meta_sgd_nonprivate(key, tasks: TaskSet, learner, *, steps: int, batch_size:
     last, avg = engine.train_jit(
         k_run, tasks.data, tasks.mask, h0_flat, learner=learner, spec=spec, batch_size=int(batch_size),
         sampling=sampling, steps=int(steps), n_active=tasks.n_tasks, meta_lr=float(meta_lr),
-        clip=jnp.float32(math.inf if clip is None else clip), noise_std=jnp.float32(0.0),
+        l2_clip=jnp.float32(math.inf if l2_clip is None else l2_clip), noise_std=jnp.float32(0.0),
         radius=jnp.float32(math.inf if radius is None else radius))
     return MetaResult(avg if output == "average" else last, last, avg, spec, privacy.nonprivate_report(),
                       None, 0.0, int(batch_size), int(steps))

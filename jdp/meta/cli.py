@@ -13,7 +13,7 @@ import pathlib
 import time
 import warnings as _warnings
 
-from jdp.cli_support import add_seed_arguments, no_out_hint, noise_seed, privacy_lines, write_result
+from jdp.cli_support import add_deprecated_flag, add_seed_arguments, no_out_hint, noise_seed, privacy_lines, write_result
 
 DEFAULT_EPSILON = 3.0
 ALGORITHMS = ("meta-nsgd", "clustering", "ftmrl", "nonprivate", "local")
@@ -41,7 +41,8 @@ def register(subparsers) -> None:
     p.add_argument("--batch-size", type=int, default=10, help="(expected) tasks per step")
     p.add_argument("--sampling", choices=("poisson", "fixed"), default="poisson")
     p.add_argument("--calibration", choices=("accountant", "theory"), default="accountant")
-    p.add_argument("--clip", type=float, default=None, help="meta-gradient clip C (default 4 single, 2 multi)")
+    p.add_argument("--l2-clip", type=float, default=None, help="meta-gradient L2 clip C (default 4 single, 2 multi)")
+    add_deprecated_flag(p, "--clip", "--l2-clip")  # its name before this release
     p.add_argument("--meta-lr", type=float, default=0.35)
     p.add_argument("--lam", type=float, default=0.8, help="base-learner regularisation λ")
     p.add_argument("--inner-steps", type=int, default=20)
@@ -88,8 +89,8 @@ def run(args) -> int:
         raise ValueError(f"--n-finetune must be >= 1, got {args.n_finetune}")
     if args.algorithm in ("meta-nsgd", "ftmrl") and args.q != 1:
         raise ValueError(f"--q must be 1 for --algorithm {args.algorithm} (use clustering)")
-    clip = args.clip if args.clip is not None else (4.0 if args.setting == "single-cluster" else 2.0)
-    check_positive(clip, "--clip")  # before any work (generating tasks takes seconds)
+    l2_clip = args.l2_clip if args.l2_clip is not None else (4.0 if args.setting == "single-cluster" else 2.0)
+    check_positive(l2_clip, "--l2-clip")  # before any work (generating tasks takes seconds)
     steps = args.steps or args.n_tasks
     from tqdm.auto import tqdm
     stages = tqdm(total=3, desc="jdp meta", unit="stage", disable=args.no_progress)
@@ -111,7 +112,7 @@ def run(args) -> int:
     stages.set_postfix_str(f"{args.algorithm}: calibration, compilation and {steps} steps")
     t0 = time.perf_counter()
     common = dict(steps=steps, batch_size=args.batch_size, meta_lr=args.meta_lr)
-    private = dict(epsilon=args.epsilon, delta=args.delta, clip=clip, sampling=args.sampling,
+    private = dict(epsilon=args.epsilon, delta=args.delta, l2_clip=l2_clip, sampling=args.sampling,
                    calibration=args.calibration, output=args.output_iterate)
     result = None
     if args.algorithm == "meta-nsgd":
@@ -120,7 +121,7 @@ def run(args) -> int:
         result = M.private_clustering_meta(k_run, train, learner, args.q, template=template, **common, **private)
     elif args.algorithm == "ftmrl":
         result = M.dp_ftmrl(k_run, train, learner, template, epsilon=args.epsilon, delta=args.delta,
-                            meta_lr=args.meta_lr, clip=clip, batch_size=args.batch_size, output=args.output_iterate)
+                            meta_lr=args.meta_lr, l2_clip=l2_clip, batch_size=args.batch_size, output=args.output_iterate)
     elif args.algorithm == "nonprivate":
         result = M.meta_sgd_nonprivate(k_run, train, learner, q=args.q, template=template,
                                        sampling=args.sampling, output=args.output_iterate, **common)

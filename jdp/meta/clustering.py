@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from jdp.meta import engine
 from jdp.meta.meta_nsgd import MetaResult, run_private, stack_init
 from jdp.meta.tasks import TaskSet
-from jdp.validation import check_positive
+from jdp.validation import check_positive, renamed_keywords
 
 PyTree = Any
 
@@ -35,8 +35,9 @@ def random_init(key, template: PyTree, q: int, scale: float) -> list[PyTree]:
     return [spec.unravel(f) for f in flat]
 
 
+@renamed_keywords(clip="l2_clip")  # the old name works until the next release, with a DeprecationWarning
 def private_clustering_meta(key, tasks: TaskSet, learner, q: int, *, epsilon: float | None, delta: float,
-                            steps: int, batch_size: int, meta_lr: float, clip: float, h0: list | None = None,
+                            steps: int, batch_size: int, meta_lr: float, l2_clip: float, h0: list | None = None,
                             template: PyTree | None = None, init_scale: float = 0.18,
                             sampling: str = "poisson", output: str = "last", calibration: str = "accountant",
                             radius: float | None = None, noise_multiplier: float | None = None) -> MetaResult:
@@ -56,37 +57,39 @@ def private_clustering_meta(key, tasks: TaskSet, learner, q: int, *, epsilon: fl
     h0_flat, spec = stack_init(list(h0), q)
     return run_private(k_run, tasks, learner, h0_flat, spec, name=f"clustering meta-learning (q={q})",
                        epsilon=epsilon, delta=delta, steps=steps, batch_size=batch_size, meta_lr=meta_lr,
-                       clip=clip, sampling=sampling, output=output, calibration=calibration, radius=radius,
+                       l2_clip=l2_clip, sampling=sampling, output=output, calibration=calibration, radius=radius,
                        noise_multiplier=noise_multiplier)
 
 
-def routed_update(learner, spec: engine.FlatSpec, h: jax.Array, tasks: TaskSet, key, clip: float) -> jax.Array:
+@renamed_keywords(clip="l2_clip")
+def routed_update(learner, spec: engine.FlatSpec, h: jax.Array, tasks: TaskSet, key, l2_clip: float) -> jax.Array:
     """The pre-noise update Σ_tasks onehot(C(Z)) ⊗ clip(ĝ_Z) [q, D] for a batch of tasks (task i uses
     key i, so two batches differing in one task differ only in that task's contribution)."""
     keys = jax.random.split(key, tasks.n_tasks)
-    return _routed_jit(learner, spec, h, tasks.data, tasks.mask, keys, jnp.ones((tasks.n_tasks,)), jnp.float32(clip))
+    return _routed_jit(learner, spec, h, tasks.data, tasks.mask, keys, jnp.ones((tasks.n_tasks,)), jnp.float32(l2_clip))
 
 
 _routed_jit = jax.jit(engine.routed_sum, static_argnames=("learner", "spec"))
 
 
 @functools.partial(jax.jit, static_argnames=("learner", "spec"))
-def _drop_one_sensitivity(learner, spec, h, data, mask, keys, clip):
+def _drop_one_sensitivity(learner, spec, h, data, mask, keys, l2_clip):
     k = mask.shape[0]
-    full = engine.routed_sum(learner, spec, h, data, mask, keys, jnp.ones((k,)), clip)
+    full = engine.routed_sum(learner, spec, h, data, mask, keys, jnp.ones((k,)), l2_clip)
     keep = jnp.array([[j for j in range(k) if j != i] for i in range(k)])  # [K, K-1]
 
     def without(idx):
         d = jax.tree.map(lambda a: a[idx], data)
-        return engine.routed_sum(learner, spec, h, d, mask[idx], keys[idx], jnp.ones((k - 1,)), clip)
+        return engine.routed_sum(learner, spec, h, d, mask[idx], keys[idx], jnp.ones((k - 1,)), l2_clip)
 
     parts = jax.vmap(without)(keep)
     return jnp.sqrt(jnp.sum((full[None] - parts) ** 2, axis=(1, 2)))
 
 
+@renamed_keywords(clip="l2_clip")
 def update_sensitivity(learner, spec: engine.FlatSpec, h: jax.Array, tasks: TaskSet, key,
-                       clip: float) -> jax.Array:
+                       l2_clip: float) -> jax.Array:
     """[K]: ‖U(batch) − U(batch without task i)‖ of the concatenated q-model update, recomputed on
-    each reduced batch (add/remove one task); every entry is <= clip for any q."""
+    each reduced batch (add/remove one task); every entry is <= l2_clip for any q."""
     keys = jax.random.split(key, tasks.n_tasks)
-    return _drop_one_sensitivity(learner, spec, h, tasks.data, tasks.mask, keys, jnp.float32(clip))
+    return _drop_one_sensitivity(learner, spec, h, tasks.data, tasks.mask, keys, jnp.float32(l2_clip))

@@ -55,7 +55,7 @@ class FlatSpec:
 
 
 def select_and_grad(learner, spec: FlatSpec, h: jax.Array, data: PyTree, mask: jax.Array, key: jax.Array,
-                    clip: jax.Array) -> tuple[jax.Array, jax.Array]:
+                    l2_clip: jax.Array) -> tuple[jax.Array, jax.Array]:
     """One task against q meta-models h [q, D] -> (chosen model index, clipped meta-gradient [D])."""
     def fit_one(hq, k):
         hp = spec.unravel(hq)
@@ -66,16 +66,16 @@ def select_and_grad(learner, spec: FlatSpec, h: jax.Array, data: PyTree, mask: j
     a = jnp.argmin(obj)
     g = learner.lam * (h[a] - w[a])
     # a task whose meta-gradient is not finite (finite data can overflow in the learner) contributes 0: as NaN it
-    # would make the released sum NaN and reveal the task; clip = inf: finite gradients unchanged
-    return a, noise.clip_contribution(g, clip)
+    # would make the released sum NaN and reveal the task; l2_clip = inf: finite gradients unchanged
+    return a, noise.clip_contribution(g, l2_clip)
 
 
-def routed_sum(learner, spec, h, data, mask, keys, weights, clip) -> jax.Array:
+def routed_sum(learner, spec, h, data, mask, keys, weights, l2_clip) -> jax.Array:
     """Σ_tasks weight · onehot(chosen model) ⊗ clipped gradient -> [q, D] (data leaves [b, n, ...]). Traced at
     `noise.SUM_PRECISION`: the sum is a matmul, which TF32 would round past the clip."""
     with noise.exact_matmuls():
         a, g = jax.vmap(select_and_grad, in_axes=(None, None, None, 0, 0, 0, None))(
-            learner, spec, h, data, mask, keys, clip)
+            learner, spec, h, data, mask, keys, l2_clip)
         onehot = jax.nn.one_hot(a, h.shape[0], dtype=g.dtype) * weights[:, None]
         return onehot.T @ g
 
@@ -92,7 +92,7 @@ def _fixed_batch(key, n_tasks_total, n_active, m):
 
 
 def train(key, data: PyTree, mask: jax.Array, h0: jax.Array, *, learner, spec: FlatSpec, batch_size: int,
-          sampling: str, steps, n_active, meta_lr, clip, noise_std, radius, mean_over: str = "expected",
+          sampling: str, steps, n_active, meta_lr, l2_clip, noise_std, radius, mean_over: str = "expected",
           chunk: int | None = None) -> tuple[jax.Array, jax.Array]:
     """Runs `steps` noisy meta-SGD steps; returns (last iterate [q, D], average of iterates 1..T [q, D]).
 
@@ -112,7 +112,7 @@ def train(key, data: PyTree, mask: jax.Array, h0: jax.Array, *, learner, spec: F
         if sampling == "fixed":
             idx = _fixed_batch(ks, k_total, n_active, m)
             dat, msk = _gather(data, mask, idx)
-            s = routed_sum(learner, spec, h, dat, msk, jax.random.split(kf, m), jnp.ones((m,)), clip)
+            s = routed_sum(learner, spec, h, dat, msk, jax.random.split(kf, m), jnp.ones((m,)), l2_clip)
             return s, jnp.float32(m)
         # Poisson: every active task joins independently w.p. m/K; process the realised batch in chunks
         # of `cap` tasks (a while loop) so the sample is exact and the shapes static.
@@ -127,7 +127,7 @@ def train(key, data: PyTree, mask: jax.Array, h0: jax.Array, *, learner, spec: F
             valid = (c * cap + jnp.arange(cap)) < count
             dat, msk = _gather(data, mask, idx)
             keys = jax.random.split(jax.random.fold_in(kf, c), cap)
-            return c + 1, s + routed_sum(learner, spec, h, dat, msk, keys, valid.astype(jnp.float32), clip)
+            return c + 1, s + routed_sum(learner, spec, h, dat, msk, keys, valid.astype(jnp.float32), l2_clip)
 
         _, s = jax.lax.while_loop(lambda st: st[0] * cap < count, body, (jnp.int32(0), jnp.zeros((q, d))))
         return s, count.astype(jnp.float32)

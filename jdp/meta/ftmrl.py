@@ -26,7 +26,7 @@ from jdp import noise
 from jdp.meta import engine, privacy
 from jdp.meta.meta_nsgd import OUTPUTS, MetaResult, check_fits, stack_init
 from jdp.meta.tasks import TaskSet
-from jdp.validation import check_positive, check_privacy
+from jdp.validation import check_positive, check_privacy, renamed_keywords
 
 PyTree = Any
 
@@ -52,8 +52,9 @@ def tree_prefix_noise(key, t, dim: int, std, depth: int) -> jax.Array:
     return std * jnp.sum(jax.vmap(node)(jnp.arange(depth)), axis=0)
 
 
+@renamed_keywords(clip="l2_clip")  # the old name works until the next release, with a DeprecationWarning
 def dp_ftmrl(key, tasks: TaskSet, learner, h0: PyTree, *, epsilon: float | None, delta: float,
-             meta_lr: float, clip: float, batch_size: int = 1, output: str = "average", shuffle: bool = True,
+             meta_lr: float, l2_clip: float, batch_size: int = 1, output: str = "average", shuffle: bool = True,
              radius: float | None = None, noise_multiplier: float | None = None) -> MetaResult:
     """(ε, δ) task-level DP-FTMRL: one pass over the tasks with tree-aggregated noise (see module doc).
 
@@ -62,7 +63,7 @@ def dp_ftmrl(key, tasks: TaskSet, learner, h0: PyTree, *, epsilon: float | None,
     """
     if not isinstance(tasks, TaskSet):
         raise ValueError(f"tasks must be a TaskSet, got {type(tasks).__name__}")
-    clip = check_positive(clip, "clip")
+    l2_clip = check_positive(l2_clip, "l2_clip")
     meta_lr = check_positive(meta_lr, "meta_lr")
     epsilon, delta = check_privacy(epsilon, delta, tasks.n_tasks, unit="task")  # the one rule, before any work
     if not 1 <= int(batch_size) <= tasks.n_tasks:
@@ -83,18 +84,18 @@ def dp_ftmrl(key, tasks: TaskSet, learner, h0: PyTree, *, epsilon: float | None,
         z = privacy.calibrate_tree(epsilon, delta, n_steps)
     report = privacy.new_report(delta, "tree")
     report.assume(f"number of tasks K = {k} treated as public (sets the stream of ceil(K/b) steps)")
-    privacy.add_release(report, f"DP-FTMRL: tree aggregation over {n_steps} steps of {b} tasks", "tree", z * clip, clip,
+    privacy.add_release(report, f"DP-FTMRL: tree aggregation over {n_steps} steps of {b} tasks", "tree", z * l2_clip, l2_clip,
                         n_tasks=k, batch_size=b, steps=n_steps)
     last, avg = _ftmrl_jit(key, tasks.data, tasks.mask, h0_flat[0], learner=learner, spec=spec, batch_size=b,
-                           shuffle=bool(shuffle), meta_lr=jnp.float32(meta_lr), clip=jnp.float32(clip),
-                           node_std=jnp.float32(z * clip),
+                           shuffle=bool(shuffle), meta_lr=jnp.float32(meta_lr), l2_clip=jnp.float32(l2_clip),
+                           node_std=jnp.float32(z * l2_clip),
                            radius=jnp.float32(math.inf if radius is None else radius))
     last, avg = last[None], avg[None]
-    return MetaResult(avg if output == "average" else last, last, avg, spec, report, float(z), float(z * clip),
+    return MetaResult(avg if output == "average" else last, last, avg, spec, report, float(z), float(z * l2_clip),
                       b, n_steps)
 
 
-def _ftmrl(key, data, mask, h0, *, learner, spec, batch_size, shuffle, meta_lr, clip, node_std, radius):
+def _ftmrl(key, data, mask, h0, *, learner, spec, batch_size, shuffle, meta_lr, l2_clip, node_std, radius):
     k_total = mask.shape[0]
     n_steps = -(-k_total // batch_size)
     depth = tree_depth(n_steps)
@@ -109,7 +110,7 @@ def _ftmrl(key, data, mask, h0, *, learner, spec, batch_size, shuffle, meta_lr, 
         t, idx, w = xs  # t = 1..S
         dat = jax.tree.map(lambda a: a[idx], data)
         keys = jax.random.split(jax.random.fold_in(k_fit, t), batch_size)
-        g = engine.routed_sum(learner, spec, h[None], dat, mask[idx], keys, w, clip)[0]
+        g = engine.routed_sum(learner, spec, h[None], dat, mask[idx], keys, w, l2_clip)[0]
         g_sum = g_sum + g
         noise = tree_prefix_noise(k_tree, t, h.shape[0], node_std, depth)
         h = h0 - (meta_lr / batch_size) * (g_sum + noise)

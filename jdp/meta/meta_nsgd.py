@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from jdp import accounting as acc
 from jdp.meta import engine, privacy
 from jdp.meta.tasks import TaskSet
-from jdp.validation import check_positive, check_privacy
+from jdp.validation import check_positive, check_privacy, renamed_keywords
 
 PyTree = Any
 OUTPUTS = ("average", "last")
@@ -56,7 +56,7 @@ class MetaResult:
         return self.spec.unravel(self.flat[i])
 
 
-def _validate(tasks: TaskSet, steps: int, batch_size: int, meta_lr: float, clip: float | None,
+def _validate(tasks: TaskSet, steps: int, batch_size: int, meta_lr: float, l2_clip: float | None,
               sampling: str, output: str, radius: float | None) -> None:
     if not isinstance(tasks, TaskSet):
         raise ValueError(f"tasks must be a TaskSet, got {type(tasks).__name__}")
@@ -65,8 +65,8 @@ def _validate(tasks: TaskSet, steps: int, batch_size: int, meta_lr: float, clip:
     if not 1 <= int(batch_size) <= tasks.n_tasks:
         raise ValueError(f"batch_size must be in [1, n_tasks={tasks.n_tasks}], got {batch_size}")
     check_positive(meta_lr, "meta_lr")
-    if clip is not None:
-        check_positive(clip, "clip")
+    if l2_clip is not None:
+        check_positive(l2_clip, "l2_clip")
     privacy.check_sampling(sampling)
     if output not in OUTPUTS:
         raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
@@ -103,22 +103,22 @@ def check_fits(learner, spec: engine.FlatSpec, h0_flat: jax.Array, tasks: TaskSe
 
 
 def run_private(key, tasks: TaskSet, learner, h0_flat: jax.Array, spec: engine.FlatSpec, *, name: str,
-                epsilon: float | None, delta: float, steps: int, batch_size: int, meta_lr: float, clip: float,
+                epsilon: float | None, delta: float, steps: int, batch_size: int, meta_lr: float, l2_clip: float,
                 sampling: str, output: str, calibration: str, radius: float | None,
                 noise_multiplier: float | None) -> MetaResult:
     """Calibrates, runs the engine and fills the report (shared by Alg. 1 and Alg. 2)."""
-    _validate(tasks, steps, batch_size, meta_lr, clip, sampling, output, radius)
+    _validate(tasks, steps, batch_size, meta_lr, l2_clip, sampling, output, radius)
     check_fits(learner, spec, h0_flat, tasks)
-    clip = check_positive(clip, "clip")
+    l2_clip = check_positive(l2_clip, "l2_clip")
     epsilon, delta = check_privacy(epsilon, delta, tasks.n_tasks, unit="task")  # the one rule, before any work
     if calibration not in CALIBRATIONS:
         raise ValueError(f"calibration must be one of {CALIBRATIONS}, got {calibration!r}")
     if (epsilon is None) == (noise_multiplier is None):
         raise ValueError("give exactly one of epsilon (calibrated noise) or noise_multiplier")
-    sens = privacy.sensitivity_factor(privacy.native_relation(sampling)) * clip
+    sens = privacy.sensitivity_factor(privacy.native_relation(sampling)) * l2_clip
     k = tasks.n_tasks
     train_args = dict(learner=learner, spec=spec, sampling=sampling, steps=int(steps), n_active=k,
-                      meta_lr=float(meta_lr), clip=jnp.float32(clip),
+                      meta_lr=float(meta_lr), l2_clip=jnp.float32(l2_clip),
                       radius=jnp.float32(math.inf if radius is None else radius))
     compiled = None
     if noise_multiplier is None and calibration != "theory":
@@ -132,7 +132,7 @@ def run_private(key, tasks: TaskSet, learner, h0_flat: jax.Array, spec: engine.F
     if noise_multiplier is not None:
         z = check_positive(noise_multiplier, "noise_multiplier")
     elif calibration == "theory":
-        sigma, batch_size = privacy.theory_noise(epsilon, delta, k, steps, clip)
+        sigma, batch_size = privacy.theory_noise(epsilon, delta, k, steps, l2_clip)
         z = sigma * batch_size / sens  # σ is on the mean gradient, the engine adds noise to the sum
     else:
         z = privacy.calibrate_meta_sgd(epsilon, delta, k, int(batch_size), int(steps), sampling)
@@ -140,7 +140,7 @@ def run_private(key, tasks: TaskSet, learner, h0_flat: jax.Array, spec: engine.F
     report = privacy.new_report(delta, sampling)
     report.assume(f"number of tasks K = {k} treated as public (sets the sampling rate m/K)")
     privacy.add_release(report, f"{name}: {steps} noisy steps, {sampling} sampling of {batch_size}/{k} tasks",
-                        sampling, noise_std, clip, n_tasks=k, batch_size=int(batch_size), steps=int(steps))
+                        sampling, noise_std, l2_clip, n_tasks=k, batch_size=int(batch_size), steps=int(steps))
     if compiled is not None:  # the call below then reuses the compiled program
         compiled.result()
     last, avg = engine.train_jit(key, tasks.data, tasks.mask, h0_flat, batch_size=int(batch_size),
@@ -149,17 +149,18 @@ def run_private(key, tasks: TaskSet, learner, h0_flat: jax.Array, spec: engine.F
                       int(batch_size), int(steps))
 
 
+@renamed_keywords(clip="l2_clip")  # the old name works until the next release, with a DeprecationWarning
 def meta_nsgd(key, tasks: TaskSet, learner, h0: PyTree, *, epsilon: float | None, delta: float, steps: int,
-              batch_size: int, meta_lr: float, clip: float, sampling: str = "poisson", output: str = "average",
+              batch_size: int, meta_lr: float, l2_clip: float, sampling: str = "poisson", output: str = "average",
               calibration: str = "accountant", radius: float | None = None,
               noise_multiplier: float | None = None) -> MetaResult:
     """(ε, δ) task-level DP meta-NSGD (Alg. 1) from initial bias h0 (parameter pytree).
 
     Privacy unit: a task; relation: add/remove one task (sampling="poisson") or replace one task
-    (sampling="fixed"), recorded in `result.report`. clip = C bounds each task's meta-gradient (theory:
+    (sampling="fixed"), recorded in `result.report`. l2_clip = C bounds each task's meta-gradient (theory:
     2L + b). calibration="theory" uses the paper's σ and m (batch_size is then ignored).
     """
     h0_flat, spec = stack_init(h0)
     return run_private(key, tasks, learner, h0_flat, spec, name="meta-NSGD", epsilon=epsilon, delta=delta,
-                       steps=steps, batch_size=batch_size, meta_lr=meta_lr, clip=clip, sampling=sampling,
+                       steps=steps, batch_size=batch_size, meta_lr=meta_lr, l2_clip=l2_clip, sampling=sampling,
                        output=output, calibration=calibration, radius=radius, noise_multiplier=noise_multiplier)

@@ -37,7 +37,7 @@ import math
 from dp_accounting import dp_event as dpe
 
 from jdp import accounting as acc
-from jdp.validation import check_positive, check_privacy
+from jdp.validation import check_positive, check_privacy, renamed_keywords
 
 SAMPLINGS = ("poisson", "fixed")
 MECHANISMS = ("poisson", "fixed", "tree")
@@ -124,12 +124,13 @@ def theory_noise(epsilon: float, delta: float, n_tasks: int, steps: int, grad_bo
 
 # ----------------------------------------------------------------------------------------------------
 # Releases and reports.
-def restatements(mechanism: str, noise_std: float, clip: float, *, n_tasks: int = 1, batch_size: int = 1,
+@renamed_keywords(clip="l2_clip")  # the old name works until the next release, with a DeprecationWarning
+def restatements(mechanism: str, noise_std: float, l2_clip: float, *, n_tasks: int = 1, batch_size: int = 1,
                  steps: int = 1) -> tuple[acc.Restatement, ...]:
     """The mechanism's event under add/remove one task and under replace one task, where defined (table in
-    the module doc). noise_std and clip are those of the run; each multiplier is std / sensitivity in
+    the module doc). noise_std and l2_clip are those of the run; each multiplier is std / sensitivity in
     dp_accounting's convention for the relation it is accounted under."""
-    z = noise_std / clip
+    z = noise_std / l2_clip
     if mechanism == "poisson":
         event = meta_sgd_event(z, n_tasks, batch_size, steps, "poisson")
         return (acc.Restatement(acc.ADD_OR_REMOVE_ONE, event),
@@ -147,25 +148,27 @@ def new_report(delta: float, mechanism: str) -> acc.PrivacyReport:
     return acc.PrivacyReport(delta, unit="task", relation=native_relation(mechanism))
 
 
-def add_release(report: acc.PrivacyReport, name: str, mechanism: str, noise_std: float, clip: float, *,
+@renamed_keywords(clip="l2_clip")
+def add_release(report: acc.PrivacyReport, name: str, mechanism: str, noise_std: float, l2_clip: float, *,
                 n_tasks: int, batch_size: int, steps: int) -> acc.PrivacyReport:
-    """Records one meta-training release from its noise std and clip C: native event and sensitivity, plus
-    its restatements under add/remove and replace-one."""
-    noise_std, clip = check_positive(noise_std, "noise_std"), check_positive(clip, "clip")
+    """Records one meta-training release from its noise std and clip C (`l2_clip`): native event and
+    sensitivity, plus its restatements under add/remove and replace-one."""
+    noise_std, l2_clip = check_positive(noise_std, "noise_std"), check_positive(l2_clip, "l2_clip")
     counts = dict(n_tasks=int(n_tasks), batch_size=int(batch_size), steps=int(steps))
     relation = native_relation(mechanism)
-    sens = sensitivity_factor(relation) * clip
+    sens = sensitivity_factor(relation) * l2_clip
     event = (tree_event(noise_std / sens, steps) if mechanism == "tree"
              else meta_sgd_event(noise_std / sens, n_tasks, batch_size, steps, mechanism))
     return report.add(name, event, sens, noise_std, relation=relation,
-                      restated=restatements(mechanism, noise_std, clip, **counts))
+                      restated=restatements(mechanism, noise_std, l2_clip, **counts))
 
 
+@renamed_keywords(clip="l2_clip")
 @functools.lru_cache(maxsize=256)  # a PLD over many steps takes seconds; tables ask more than once
-def epsilon_under(mechanism: str, relation: acc.Relation | str, noise_std: float, clip: float, delta: float, *,
+def epsilon_under(mechanism: str, relation: acc.Relation | str, noise_std: float, l2_clip: float, delta: float, *,
                   n_tasks: int = 1, batch_size: int = 1, steps: int = 1) -> float | None:
     """ε at δ of one run of `mechanism` under `relation` (None when not defined; module doc)."""
-    report = add_release(new_report(delta, mechanism), mechanism, mechanism, noise_std, clip, n_tasks=n_tasks,
+    report = add_release(new_report(delta, mechanism), mechanism, mechanism, noise_std, l2_clip, n_tasks=n_tasks,
                          batch_size=batch_size, steps=steps)
     return report.epsilon_by_relation((relation,))[acc.check_relation(relation)]
 

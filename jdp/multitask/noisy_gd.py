@@ -36,12 +36,13 @@ from jdp.accounting import PrivacyReport, Release
 from jdp.data.interactions import check_unique_pairs
 from jdp.noise import add_gaussian, clip_by_norm
 from jdp.sampling import poisson_keep
-from jdp.validation import check_positive, check_privacy
+from jdp.validation import check_positive, check_privacy, renamed_keywords
 
 
+@renamed_keywords(clip_norm="l2_clip")  # the old name works until the next release, with a DeprecationWarning
 @dataclasses.dataclass(frozen=True)
 class NoisyGDConfig:
-    clip_norm: float            # C: per-user gradient clip
+    l2_clip: float              # C: per-user L2 gradient clip (was clip_norm)
     noise_multiplier: float     # σ: noise std / C
     steps: int
     learning_rate: float
@@ -50,7 +51,7 @@ class NoisyGDConfig:
     max_param_norm: float | None = None  # projection radius per task (domain C), None = no projection
 
     def __post_init__(self):
-        check_positive(self.clip_norm, "clip_norm")
+        check_positive(self.l2_clip, "l2_clip")
         check_positive(self.noise_multiplier, "noise_multiplier")
         check_positive(self.learning_rate, "learning_rate")
         check_positive(self.lam, "lam", allow_zero=True)
@@ -69,7 +70,7 @@ def noisy_gd_releases(cfg: NoisyGDConfig, count: int = 1, prefix: str = "noisy G
     of sensitivity C per step."""
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")
-    return [Release(f"{prefix} step", cfg.step_event(), float(cfg.clip_norm), cfg.noise_multiplier * cfg.clip_norm,
+    return [Release(f"{prefix} step", cfg.step_event(), float(cfg.l2_clip), cfg.noise_multiplier * cfg.l2_clip,
                     count * cfg.steps)]
 
 
@@ -79,7 +80,7 @@ def record_noisy_gd_releases(report: PrivacyReport, cfg: NoisyGDConfig, count: i
 
 
 @functools.partial(jax.jit, static_argnames=("n_tasks", "n_users", "steps"))
-def _run(key, theta, task, user, x, y, w, n_tasks, n_users, steps, clip_norm, sigma, lr, lam, q, radius):
+def _run(key, theta, task, user, x, y, w, n_tasks, n_users, steps, l2_clip, sigma, lr, lam, q, radius):
     expected_batch = q * n_users
     lr, lam = lr[:, None], lam[:, None]  # per task (a scalar config broadcast to every task)
 
@@ -90,12 +91,12 @@ def _run(key, theta, task, user, x, y, w, n_tasks, n_users, steps, clip_norm, si
         g_obs = (w * resid)[:, None] * x                                    # per-observation gradient rows
         # ‖G_j‖_F² = Σ_obs ‖g_obs‖², exact because (task, user) pairs are unique (see module docstring)
         user_sq = jax.ops.segment_sum(jnp.sum(g_obs**2, axis=1), user, num_segments=n_users)
-        scale = in_batch * jnp.minimum(1.0, clip_norm / jnp.sqrt(jnp.maximum(user_sq, 1e-30)))
+        scale = in_batch * jnp.minimum(1.0, l2_clip / jnp.sqrt(jnp.maximum(user_sq, 1e-30)))
         # a user whose gradient overflows (w·resid or its square past float32, e.g. a huge weight) has a non-finite
         # squared norm and contributes 0: 0·inf would put a NaN in the released sum, revealing that it took part
         scale = jnp.where(jnp.isfinite(user_sq), scale, 0.0)[user][:, None]
         g = jax.ops.segment_sum(jnp.where(scale > 0, scale * g_obs, 0.0), task, num_segments=n_tasks)
-        g = add_gaussian(k_noise, g, sigma * clip_norm)
+        g = add_gaussian(k_noise, g, sigma * l2_clip)
         theta = theta - lr * (g / expected_batch + lam * theta)
         return clip_by_norm(theta, radius), None  # projection onto the ball of radius `radius`
 
@@ -125,7 +126,7 @@ def run(key: jax.Array, init: jax.Array, task: jax.Array, user: jax.Array, x: ja
 
     return _run(key, jnp.asarray(init, jnp.float32), jnp.asarray(task, jnp.int32), jnp.asarray(user, jnp.int32),
                 jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32), jnp.asarray(weights, jnp.float32),
-                n_tasks, n_users, cfg.steps, cfg.clip_norm, cfg.noise_multiplier,
+                n_tasks, n_users, cfg.steps, cfg.l2_clip, cfg.noise_multiplier,
                 per_task(task_lr, cfg.learning_rate, "task_lr"), per_task(task_ridge, cfg.lam, "task_ridge"),
                 cfg.sample_rate, radius)
 

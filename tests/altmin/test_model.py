@@ -154,7 +154,7 @@ def test_noisy_gd_item_steps_come_from_the_noise_and_released_counts():
     assert all(np.all(a >= b) for a, b in zip(lrs, lrs[1:])) and np.all(lrs[-1] < lrs[0])
     assert lrs[-1].max() == pytest.approx(lrs[-1].min())  # huge noise: the noise rule binds for every item
     x2, s2 = cfg.item_feature_bound**2, (cfg.label_clip / 2) ** 2
-    clip_level = min(1.0, cfg.sgd_clip / np.sqrt(x2 * s2 * cfg.budget))
+    clip_level = min(1.0, cfg.l2_clip / np.sqrt(x2 * s2 * cfg.budget))
     n_hi = np.minimum(counts + 2.0 * 2.0 * np.sqrt(cfg.budget), n)
     assert np.all(lrs[0] * clip_level * x2 * n_hi / n <= SGD_STEP * (1 + 1e-5))
     assert np.all(np.diff(lrs[0]) <= 0)  # more raters: a smaller (never larger) step

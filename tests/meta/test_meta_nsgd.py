@@ -93,7 +93,7 @@ def _unwrap(report):
 
 def test_events_match_sampling_and_spend_the_budget():
     tasks = TRAIN
-    common = dict(epsilon=2.0, delta=1e-5, steps=5, batch_size=BATCH, meta_lr=0.5, clip=1.0)
+    common = dict(epsilon=2.0, delta=1e-5, steps=5, batch_size=BATCH, meta_lr=0.5, l2_clip=1.0)
     r = M.meta_nsgd(KEY, tasks, RIDGE, jnp.zeros(DIM), sampling="poisson", **common)
     rel, ev = _unwrap(r.report)
     assert ev.count == 5 and isinstance(ev.event, dpe.PoissonSampledDpEvent)
@@ -113,7 +113,7 @@ def test_events_match_sampling_and_spend_the_budget():
     with pytest.raises(ValueError, match="does not support"):  # wrong relation for this event
         accounting.compute_epsilon(ev, 1e-5, relation=accounting.ADD_OR_REMOVE_ONE)
 
-    t = M.dp_ftmrl(KEY, tasks, RIDGE, jnp.zeros(DIM), epsilon=2.0, delta=1e-5, meta_lr=0.5, clip=1.0, batch_size=5)
+    t = M.dp_ftmrl(KEY, tasks, RIDGE, jnp.zeros(DIM), epsilon=2.0, delta=1e-5, meta_lr=0.5, l2_clip=1.0, batch_size=5)
     (rel,) = t.report.releases
     assert isinstance(rel.event, dpe.SingleEpochTreeAggregationDpEvent) and rel.event.step_counts == K_TRAIN // 5
     assert t.report.relation is accounting.REPLACE_SPECIAL
@@ -127,7 +127,7 @@ def test_calibrated_run_compiles_its_training_program_once(caplog):
     one XLA compilation, not a second one for the call, and the same result as a run given the calibrated σ."""
     import logging
     tasks = _first(37)  # a task count of its own: a fresh program
-    common = dict(delta=1e-5, steps=4, batch_size=BATCH, meta_lr=0.5, clip=1.0)
+    common = dict(delta=1e-5, steps=4, batch_size=BATCH, meta_lr=0.5, l2_clip=1.0)
     jax.config.update("jax_log_compiles", True)  # process-wide: the compilation runs in a worker thread
     try:
         with caplog.at_level(logging.WARNING):
@@ -153,7 +153,7 @@ def test_theory_calibration_formula_and_report():
     assert m == round(400 * math.sqrt(1 / 400))
     # ε/(4T) = 1/400 gives the theory batch m = K/20 = 10 (= BATCH, so the compiled engine is reused)
     r = M.meta_nsgd(KEY, TRAIN, RIDGE, jnp.zeros(DIM), epsilon=0.05, delta=1e-5, steps=5, batch_size=3,
-                    meta_lr=0.5, clip=2.0, calibration="theory")
+                    meta_lr=0.5, l2_clip=2.0, calibration="theory")
     s, m = M.theory_noise(0.05, 1e-5, K_TRAIN, 5, 2.0)
     assert r.batch_size == m == BATCH and r.noise_std == pytest.approx(s * m)
     assert r.report.epsilon() <= 0.05  # the closed form is conservative for this mechanism
@@ -166,7 +166,7 @@ def test_engine_noise_scale_and_poisson_chunks_unbiased():
     # one compiled runner (Poisson, chunks of 1 task, so realised batches above m take several chunks)
     run = jax.jit(jax.vmap(lambda kk, data, mask, steps, noise, lr, clip: engine.train(
         kk, data, mask, h0, learner=RIDGE, spec=spec, batch_size=m, sampling="poisson", steps=steps, n_active=k,
-        meta_lr=lr, clip=clip, noise_std=noise, radius=jnp.float32(jnp.inf), chunk=1)[0],
+        meta_lr=lr, l2_clip=clip, noise_std=noise, radius=jnp.float32(jnp.inf), chunk=1)[0],
         in_axes=(0, None, None, None, None, None, None)))
     keys = jax.random.split(KEY, 3000)
     # zero tasks: w_h = h, meta-gradients vanish, so h_T - h_0 is pure noise with var T (η std/m)^2
@@ -211,7 +211,7 @@ def test_generic_pytree_loss():
     template = {"w": jnp.zeros((DIM, 3)), "v": jnp.zeros(3), "b": jnp.zeros(())}
     learner = M.SGDLearner(loss, lam=1.0, steps=3, lr=0.1, batch_size=4)
     r = M.meta_nsgd(KEY, TRAIN, learner, template, noise_multiplier=1.0, epsilon=None, delta=1e-5, steps=3,
-                    batch_size=BATCH, meta_lr=0.5, clip=1.0)
+                    batch_size=BATCH, meta_lr=0.5, l2_clip=1.0)
     p = r.params()
     assert jax.tree.structure(p) == jax.tree.structure(template) and p["w"].shape == (DIM, 3)
     assert bool(jnp.all(jnp.isfinite(r.flat)))
@@ -221,9 +221,9 @@ def test_generic_pytree_loss():
 # Input validation.
 def test_bad_inputs_raise_clear_errors():
     tasks = _first(10)
-    base = dict(epsilon=1.0, delta=1e-5, steps=3, batch_size=2, meta_lr=0.5, clip=1.0)
+    base = dict(epsilon=1.0, delta=1e-5, steps=3, batch_size=2, meta_lr=0.5, l2_clip=1.0)
     h0 = jnp.zeros(DIM)
-    for field, bad in [("epsilon", 0.0), ("epsilon", float("nan")), ("delta", 1.5), ("clip", -1.0),
+    for field, bad in [("epsilon", 0.0), ("epsilon", float("nan")), ("delta", 1.5), ("l2_clip", -1.0),
                        ("batch_size", 11), ("steps", 0), ("meta_lr", 0.0), ("sampling", "uniform"),
                        ("output", "best"), ("calibration", "guess")]:
         with pytest.raises(ValueError, match=field):
@@ -239,15 +239,15 @@ def test_bad_inputs_raise_clear_errors():
     for bad_h0 in (jnp.zeros(DIM - 1), jnp.zeros((DIM, 2))):  # caught before any calibration or training
         with pytest.raises(ValueError, match="does not fit the learner|meta-gradient has shape"):
             M.meta_nsgd(KEY, tasks, RIDGE, bad_h0, epsilon=1.0, delta=1e-5, steps=2, batch_size=BATCH, meta_lr=0.5,
-                        clip=1.0)
+                        l2_clip=1.0)
         with pytest.raises(ValueError, match="does not fit the learner|meta-gradient has shape"):
-            M.dp_ftmrl(KEY, tasks, RIDGE, bad_h0, epsilon=1.0, delta=1e-5, meta_lr=0.5, clip=1.0)
+            M.dp_ftmrl(KEY, tasks, RIDGE, bad_h0, epsilon=1.0, delta=1e-5, meta_lr=0.5, l2_clip=1.0)
     with pytest.raises(ValueError, match="mask"):
         M.make_taskset((np.zeros((2, 3, DIM)), np.zeros((2, 3))), mask=np.zeros((2, 3)))
     with pytest.raises(ValueError, match="lam"):
         M.RidgeLearner(lam=0.0)
     with pytest.raises(ValueError, match="epsilon"):
-        M.dp_ftmrl(KEY, tasks, RIDGE, h0, epsilon=-1.0, delta=1e-5, meta_lr=0.5, clip=1.0)
+        M.dp_ftmrl(KEY, tasks, RIDGE, h0, epsilon=-1.0, delta=1e-5, meta_lr=0.5, l2_clip=1.0)
     with pytest.raises(ValueError, match="cannot reach"):
         accounting.calibrate(lambda s: M.tree_event(s, 10), 1e-4, 1e-5, relation=accounting.REPLACE_SPECIAL,
                              bracket=(0.1, 1.0))
@@ -260,11 +260,11 @@ def test_small_quality_orderings():
     common = dict(steps=150, batch_size=BATCH, meta_lr=0.5)
     local = M.local_training_risk(KEY, RIDGE, jnp.zeros(DIM), ft, ts)
     priv = M.transfer_risk(KEY, RIDGE, M.meta_nsgd(KEY, train, RIDGE, jnp.zeros(DIM), epsilon=1.0, delta=1e-5,
-                                                    clip=4.0, output="last", **common), ft, ts)
+                                                    l2_clip=4.0, output="last", **common), ft, ts)
     nonp = M.transfer_risk(KEY, RIDGE, M.meta_sgd_nonprivate(KEY, train, RIDGE, h0=jnp.zeros(DIM), sampling="poisson",
                                                              **common), ft, ts)
     ftrl = M.transfer_risk(KEY, RIDGE, M.dp_ftmrl(KEY, train, RIDGE, jnp.zeros(DIM), epsilon=1.0, delta=1e-5,
-                                                  meta_lr=0.1, clip=4.0, batch_size=5, output="last"), ft, ts)
+                                                  meta_lr=0.1, l2_clip=4.0, batch_size=5, output="last"), ft, ts)
     assert nonp < priv < local
     assert ftrl < local
     # multi-cluster: three meta-models beat one (non-private and private)
@@ -273,6 +273,6 @@ def test_small_quality_orderings():
     mtest, _, _ = M.multi_cluster_regression(key_te, 200, n_points=30, dim=DIM, centres=centres)
     mft, mts = mtest.split_points(10)
     risks = {q: M.transfer_risk(KEY, RIDGE, M.private_clustering_meta(
-        KEY, mtrain, RIDGE, q, epsilon=10.0, delta=1e-5, clip=2.0, template=jnp.zeros(DIM), **common), mft, mts)
+        KEY, mtrain, RIDGE, q, epsilon=10.0, delta=1e-5, l2_clip=2.0, template=jnp.zeros(DIM), **common), mft, mts)
         for q in (1, 3)}
     assert risks[3] < risks[1]

@@ -88,7 +88,7 @@ def test_meta_nsgd_on_tiny_omniglot_tasks(tiny_root):
     params, loss = omniglot.conv_classifier(jax.random.PRNGKey(1), 3, image_size=8, channels=4)
     learner = M.SGDLearner(loss, lam=0.2, steps=3, lr=0.1, batch_size=4)
     res = M.meta_nsgd(jax.random.PRNGKey(2), tasks, learner, params, epsilon=8.0, delta=1e-5, steps=3,
-                      batch_size=5, meta_lr=0.5, clip=0.5)
+                      batch_size=5, meta_lr=0.5, l2_clip=0.5)
     assert jax.tree.structure(res.params()) == jax.tree.structure(params)
     sup, qry = tasks.split_points(6)
     assert np.isfinite(M.transfer_risk(jax.random.PRNGKey(3), learner, res, sup, qry))

@@ -197,16 +197,16 @@ def test_private_counts_and_mean_record_releases_with_right_sensitivity():
 
 def test_noisy_gd_per_user_clipping_and_accounting():
     rng, task, user, x, y, m, n = _random_instance(4)
-    cfg = NoisyGDConfig(clip_norm=0.5, noise_multiplier=1e-6, steps=200, learning_rate=0.5, sample_rate=1.0)
+    cfg = NoisyGDConfig(l2_clip=0.5, noise_multiplier=1e-6, steps=200, learning_rate=0.5, sample_rate=1.0)
     rep = PrivacyReport(1e-5)
     theta = task_weighted_noisy_gd(jax.random.key(0), task, user, x, y, np.ones(user.size, np.float32), m, n, cfg,
                                    clip_x=1.0, clip_y=1.0, report=rep)
     assert np.all(np.isfinite(np.asarray(theta)))
     assert rep.releases[0].count == 200 and rep.releases[0].sensitivity == 0.5
-    cfgp = NoisyGDConfig(clip_norm=0.5, noise_multiplier=1.0, steps=10, learning_rate=0.5, sample_rate=0.1)
+    cfgp = NoisyGDConfig(l2_clip=0.5, noise_multiplier=1.0, steps=10, learning_rate=0.5, sample_rate=0.1)
     assert type(cfgp.step_event()).__name__ == "PoissonSampledDpEvent"
     with pytest.raises(ValueError, match="sample_rate"):
-        NoisyGDConfig(clip_norm=0.5, noise_multiplier=1.0, steps=10, learning_rate=0.5, sample_rate=0.0)
+        NoisyGDConfig(l2_clip=0.5, noise_multiplier=1.0, steps=10, learning_rate=0.5, sample_rate=0.0)
 
 
 def test_ssp_clips_features_and_labels_before_accumulating():

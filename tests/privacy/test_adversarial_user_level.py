@@ -364,7 +364,7 @@ def _noisy_gd_attack(gradient_spy, restarts, seed):
     x = rng.normal(size=(user.size, d)).astype(np.float32)
     y = rng.normal(size=user.size).astype(np.float32) * 1e6
     w = rng.uniform(0.5, 2.0, user.size).astype(np.float32)
-    cfg = NoisyGDConfig(clip_norm=clip, noise_multiplier=1.0, steps=1, learning_rate=1.0)
+    cfg = NoisyGDConfig(l2_clip=clip, noise_multiplier=1.0, steps=1, learning_rate=1.0)
     worst = 0.0
     for r in range(restarts):
         t = m if r < 2 else int(rng.integers(1, m + 1))
@@ -407,7 +407,7 @@ def test_noisy_gd_step_adversarial(gradient_spy, restarts, seed):
 def test_noisy_gd_overflowing_user_contributes_zero_not_nan(gradient_spy):
     """A finite but huge weight (3e38) makes w·resid overflow float32: the user's gradient is inf/NaN. It used to
     reach the released sum as NaN (0·inf), which only its presence could cause: it must contribute 0 instead."""
-    cfg = NoisyGDConfig(clip_norm=1.0, noise_multiplier=1.0, steps=1, learning_rate=1.0)
+    cfg = NoisyGDConfig(l2_clip=1.0, noise_multiplier=1.0, steps=1, learning_rate=1.0)
     x = np.array([[1.0, 0.0], [0.6, 0.8], [1.0, 0.0]], np.float32)
     init = jnp.full((2, 2), 10.0)
     kw = dict(n_tasks=2, n_users=3, cfg=cfg, clip_x=1.0, clip_y=1.0, init=init)
@@ -421,7 +421,7 @@ def test_noisy_gd_overflowing_user_contributes_zero_not_nan(gradient_spy):
 
 
 def test_noisy_gd_refuses_invalid_rows(gradient_spy):
-    cfg = NoisyGDConfig(clip_norm=1.0, noise_multiplier=1.0, steps=1, learning_rate=1.0)
+    cfg = NoisyGDConfig(l2_clip=1.0, noise_multiplier=1.0, steps=1, learning_rate=1.0)
     task, user = np.array([0, 1, 1]), np.array([0, 0, 1])
     x, y, w = np.ones((3, 2), np.float32), np.ones(3, np.float32), np.ones(3, np.float32)
     kw = dict(n_tasks=2, n_users=2, cfg=cfg, clip_x=1.0, clip_y=1.0)

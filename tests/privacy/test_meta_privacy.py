@@ -36,7 +36,7 @@ def _pld(event, relation, interval=1e-4):
 
 
 def _run(index):
-    common = dict(epsilon=None, noise_multiplier=Z, delta=DELTA, steps=T, batch_size=B, meta_lr=0.5, clip=C)
+    common = dict(epsilon=None, noise_multiplier=Z, delta=DELTA, steps=T, batch_size=B, meta_lr=0.5, l2_clip=C)
     h0 = jnp.zeros(DIM)
     if index == 0:
         return "meta-NSGD poisson", "poisson", M.meta_nsgd(KEY, TASKS, RIDGE, h0, sampling="poisson", **common)
@@ -45,7 +45,7 @@ def _run(index):
     if index == 2:
         return "clustering poisson", "poisson", M.private_clustering_meta(KEY, TASKS, RIDGE, 2, template=h0, **common)
     return "DP-FTMRL", "tree", M.dp_ftmrl(KEY, TASKS, RIDGE, h0, epsilon=None, noise_multiplier=Z, delta=DELTA,
-                                          meta_lr=0.5, clip=C, batch_size=B)
+                                          meta_lr=0.5, l2_clip=C, batch_size=B)
 
 
 @pytest.mark.parametrize("index", range(4))
@@ -131,7 +131,7 @@ def test_a_task_whose_data_overflows_the_learner_moves_the_step_sum_by_at_most_o
     assert moved <= C * (1 + 1e-5)
     if scale == 1e19:
         assert moved == pytest.approx(C, rel=1e-4)  # the bound is attained
-    common = dict(epsilon=None, noise_multiplier=Z, delta=DELTA, meta_lr=0.5, clip=C, batch_size=B)
+    common = dict(epsilon=None, noise_multiplier=Z, delta=DELTA, meta_lr=0.5, l2_clip=C, batch_size=B)
     for run in (M.meta_nsgd(KEY, with_bad, RIDGE, jnp.zeros(DIM), steps=T, **common),
                 M.dp_ftmrl(KEY, with_bad, RIDGE, jnp.zeros(DIM), **common)):
         assert bool(jnp.all(jnp.isfinite(run.flat_last))) and bool(jnp.all(jnp.isfinite(run.flat_average)))

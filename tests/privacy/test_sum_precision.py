@@ -59,7 +59,7 @@ def test_meta_routed_sum_of_clipped_task_gradients():
     for sampling in ("poisson", "fixed"):  # meta-NSGD's whole noisy training program (engine.train)
         run = lambda data, mask, h, s=sampling: meta_engine.train(
             key, data, mask, h, learner=M.RidgeLearner(lam=0.8), spec=spec, batch_size=2, sampling=s, steps=2,
-            n_active=5, meta_lr=0.5, clip=1.5, noise_std=1.0, radius=jnp.inf)
+            n_active=5, meta_lr=0.5, l2_clip=1.5, noise_std=1.0, radius=jnp.inf)
         assert_all_highest(run, tasks.data, tasks.mask, h)
 
 

@@ -424,7 +424,7 @@ def test_noisy_gd_worst_case_user_total_gradient_within_recorded_sensitivity():
     lr, q = 1.0, 1.0
     e1 = np.zeros(d, np.float32); e1[0] = 1.0
     for label, items in {"all items, aligned": np.arange(m), "one item repeated": np.full(10, 3)}.items():
-        cfg = NoisyGDConfig(clip_norm=clip, noise_multiplier=1.0, steps=1, learning_rate=lr, sample_rate=q)
+        cfg = NoisyGDConfig(l2_clip=clip, noise_multiplier=1.0, steps=1, learning_rate=lr, sample_rate=q)
         kw = dict(n_tasks=m, n_users=n, cfg=cfg, clip_x=1.0, clip_y=1.0)
         base = (task, user, x, y, w)
         neighbour = (np.r_[task, items], np.r_[user, np.full(items.size, n - 1)], np.r_[x, np.tile(e1, (items.size, 1))],
@@ -454,7 +454,7 @@ def test_noisy_gd_per_item_steps_scale_the_noisy_sum_not_the_sensitivity():
     x = rng.normal(size=(user.size, d)).astype(np.float32) * 0.3
     y = rng.normal(size=user.size).astype(np.float32) * 0.3
     w = np.ones(user.size, np.float32)
-    cfg = NoisyGDConfig(clip_norm=clip, noise_multiplier=1.0, steps=1, learning_rate=1.0)
+    cfg = NoisyGDConfig(l2_clip=clip, noise_multiplier=1.0, steps=1, learning_rate=1.0)
     task_lr = rng.uniform(0.1, 50.0, m).astype(np.float32)
     e1 = np.array([1.0, 0.0], np.float32)
     items = np.arange(m)  # the added user rates every item, features aligned, labels extreme
