@@ -24,8 +24,9 @@ import time
 
 import numpy as np
 
-from jdp.cli_support import (add_data_dir_arguments, add_seed_arguments, check_at_least, check_flag_privacy, flag_names,
-                     move_to_group, no_out_hint, noise_seed, privacy_lines, write_result)
+from jdp.cli_support import (add_data_dir_arguments, add_deprecated_flag, add_seed_arguments, check_at_least,
+                             check_flag_privacy, flag_names, move_to_group, no_out_hint, noise_seed, privacy_lines,
+                             write_result)
 from jdp.clipping.engine import METHODS as CLIPPING_METHODS
 from jdp.seqrec.models import MODELS, NORMS
 from jdp.seqrec.train import DEFAULT_WINDOWS, ITEM_INIT_EPSILON_SHARE, ITEM_INITS, NEGATIVE_SAMPLERS, TrainConfig
@@ -59,7 +60,8 @@ def register(subparsers) -> None:
     p.add_argument("--lr", type=float, default=None, help="peak learning rate; default 1e-3 / 8e-2 with --data synthetic")
     p.add_argument("--weight-decay", type=float, default=1e-5)
     p.add_argument("--warmup-frac", type=float, default=0.2)
-    p.add_argument("--clip", type=float, default=1.0, help="per-user L2 clip norm C")
+    p.add_argument("--l2-clip", type=float, default=1.0, help="per-user L2 clip norm C")
+    add_deprecated_flag(p, "--clip", "--l2-clip")  # its name before this release
     p.add_argument("--normalize", action="store_true",
                    help="normalised clipping g·C/||g|| (the DPFormer paper's variant) instead of min(1, C/||g||)")
     p.add_argument("--maxlen", type=int, default=None, help="default 50 (Amazon) / 200 (MovieLens) / 20 (synthetic)")
@@ -148,7 +150,7 @@ def register(subparsers) -> None:
 
 DEFAULT_EPSILON = 8.0
 # the library's names of what the flags set (TrainConfig, data.load): its refusals are shown with the flags
-FLAGS = {"epsilon": "--epsilon", "delta": "--delta", "epochs": "--epochs", "lr": "--lr", "l2_clip": "--clip",
+FLAGS = {"epsilon": "--epsilon", "delta": "--delta", "epochs": "--epochs", "lr": "--lr", "l2_clip": "--l2-clip",
          "hist_noise_multiplier": "--hist-noise-multiplier", "weight_decay": "--weight-decay",
          "warmup_frac": "--warmup-frac", "batch_size": "--batch-size", "chunk_rows": "--chunk-rows", "d": "--d",
          "heads": "--heads", "blocks": "--blocks", "maxlen": "--maxlen", "dropout": "--dropout",
@@ -163,7 +165,7 @@ FLAGS = {"epsilon": "--epsilon", "delta": "--delta", "epochs": "--epochs", "lr":
 HELP_GROUPS = {
     "data": ["data", "data_path", "data_dir", "data_sha256", "data_seed", "maxlen", "n_users", "vocabulary",
              "item_catalogue", "min_item_count", "vocab_noise_multiplier", "public_item_counts"],
-    "privacy": ["epsilon", "non_private", "delta", "clip", "normalize", "hist_noise_multiplier", "seed"],
+    "privacy": ["epsilon", "non_private", "delta", "l2_clip", "normalize", "hist_noise_multiplier", "seed"],
     "model": ["model", "k", "history", "d", "heads", "blocks", "norm", "ffn_dim", "item_dim", "dropout",
               "item_init", "item_init_k", "item_init_noise", "freeze_item_table", "trainable_items"],
     "training": ["epochs", "batch_size", "lr", "weight_decay", "warmup_frac", "negatives", "negative_sampler"],
@@ -230,7 +232,7 @@ def _train_config(args: argparse.Namespace, maxlen: int) -> TrainConfig:
         raise ValueError(f"--length-buckets must be comma-separated integers, got {buckets!r}") from None
     return TrainConfig(model=args.model, epsilon=_epsilon(args), delta=args.delta,
                        epochs=epochs, batch_size=batch_size, lr=lr, warmup_frac=args.warmup_frac,
-                       weight_decay=args.weight_decay, l2_clip=args.clip, normalize=args.normalize,
+                       weight_decay=args.weight_decay, l2_clip=args.l2_clip, normalize=args.normalize,
                        d=args.d if args.d is not None else (32 if synthetic else 64),
                        heads=args.heads, blocks=args.blocks if args.blocks is not None else (1 if synthetic else 2),
                        dropout=dropout, norm=args.norm, ffn_dim=args.ffn_dim, item_dim=args.item_dim,
