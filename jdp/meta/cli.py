@@ -66,11 +66,45 @@ def _generate(setting, key, k, n, d):
 
 
 def run(args) -> int:
-    import jax
-    import jax.numpy as jnp
+    private, l2_clip, steps = _checked(args)  # every refusal before any work (generating tasks takes seconds)
+    from tqdm.auto import tqdm
+    stages = tqdm(total=3, desc="jdp meta", unit="stage", disable=args.no_progress)
+    stages.set_postfix_str("generating tasks")
+    timings = {}
+    t0 = time.perf_counter()
+    seed = noise_seed(args)
+    tasks = _tasks(args)
+    timings["generate_s"] = time.perf_counter() - t0
+    stages.update()
+    stages.set_postfix_str(f"{args.algorithm}: calibration, compilation and {steps} steps")
+    t0 = time.perf_counter()
+    result = _train(args, tasks, seed, l2_clip, steps)
+    timings["train_s"] = time.perf_counter() - t0
+    stages.update()
+    stages.set_postfix_str("evaluating on test tasks")
+    t0 = time.perf_counter()
+    risk, local, privacy = _evaluate(args, tasks, result)
+    timings["evaluate_s"] = time.perf_counter() - t0
+    stages.update()
+    stages.close()
+    out = {
+        "algorithm": args.algorithm, "setting": args.setting, "n_tasks": args.n_tasks, "q": args.q,
+        "epsilon_target": None if args.algorithm in ("nonprivate", "local") else args.epsilon,
+        "transfer_risk": risk, "local_training_risk": local,
+        "noise_multiplier": None if result is None else result.noise_multiplier,
+        "steps": None if result is None else result.steps,
+        "batch_size": None if result is None else result.batch_size,
+        "privacy": privacy, "timings": timings, "seed": seed, "data_seed": args.data_seed,
+    }
+    if result is not None and args.algorithm != "nonprivate" and risk > local:
+        out["warnings"] = [f"the private meta-initialisation (transfer risk {risk:.4g}) is worse than local "
+                           f"training ({local:.4g}: each task learns from its own data alone, nothing released)"]
+    _write_and_summarise(args, out, result)
+    return 0
 
-    from jdp import meta as M
 
+def _checked(args) -> tuple[bool, float, int]:
+    """(private, l2 clip bound, steps) after every check of the flags; ValueError naming the flag otherwise."""
     from jdp.validation import check_positive, check_privacy
     for name in ("n_tasks", "n_points", "n_test_tasks", "n_test_points", "dim", "batch_size", "inner_steps", "inner_batch", "q"):
         if getattr(args, name) < 1:
@@ -90,27 +124,35 @@ def run(args) -> int:
     if args.algorithm in ("meta-nsgd", "ftmrl") and args.q != 1:
         raise ValueError(f"--q must be 1 for --algorithm {args.algorithm} (use clustering)")
     l2_clip = args.l2_clip if args.l2_clip is not None else (4.0 if args.setting == "single-cluster" else 2.0)
-    check_positive(l2_clip, "--l2-clip")  # before any work (generating tasks takes seconds)
-    steps = args.steps or args.n_tasks
-    from tqdm.auto import tqdm
-    stages = tqdm(total=3, desc="jdp meta", unit="stage", disable=args.no_progress)
-    stages.set_postfix_str("generating tasks")
-    timings = {}
-    t0 = time.perf_counter()
-    seed = noise_seed(args)
+    check_positive(l2_clip, "--l2-clip")
+    return private, l2_clip, args.steps or args.n_tasks
+
+
+def _tasks(args) -> dict:
+    """The generated training tasks, the test tasks' fine-tuning and test points, the learner and the template
+    (public randomness from --data-seed), and the evaluation key."""
+    import jax
+    import jax.numpy as jnp
+
+    from jdp import meta as M
     k_tr, k_te, k_ev = jax.random.split(jax.random.key(args.data_seed), 3)  # tasks + evaluation: public randomness
-    k_run = jax.random.key(seed)  # the mechanism's noise
     train = _generate(args.setting, k_tr, args.n_tasks, args.n_points, args.dim)
     ft, ts = _generate(args.setting, k_te, args.n_test_tasks, args.n_finetune + args.n_test_points, args.dim).split_points(
         args.n_finetune)
     learner = (M.RidgeLearner(lam=args.lam) if args.learner == "ridge" else
                M.SGDLearner(M.squared_loss, lam=args.lam, steps=args.inner_steps, lr=args.inner_lr,
                             batch_size=args.inner_batch))
-    template = jnp.zeros(args.dim)
-    timings["generate_s"] = time.perf_counter() - t0
-    stages.update()
-    stages.set_postfix_str(f"{args.algorithm}: calibration, compilation and {steps} steps")
-    t0 = time.perf_counter()
+    return {"train": train, "finetune": ft, "test": ts, "learner": learner, "template": jnp.zeros(args.dim),
+            "eval_key": k_ev}
+
+
+def _train(args, tasks: dict, seed: int, l2_clip: float, steps: int):
+    """The chosen algorithm's result (None for local training, which releases nothing)."""
+    import jax
+
+    from jdp import meta as M
+    k_run = jax.random.key(seed)  # the mechanism's noise
+    train, learner, template = tasks["train"], tasks["learner"], tasks["template"]
     common = dict(steps=steps, batch_size=args.batch_size, meta_lr=args.meta_lr)
     private = dict(epsilon=args.epsilon, delta=args.delta, l2_clip=l2_clip, sampling=args.sampling,
                    calibration=args.calibration, output=args.output_iterate)
@@ -127,10 +169,14 @@ def run(args) -> int:
                                        sampling=args.sampling, output=args.output_iterate, **common)
     if result is not None:
         jax.block_until_ready(result.flat)
-    timings["train_s"] = time.perf_counter() - t0
-    stages.update()
-    stages.set_postfix_str("evaluating on test tasks")
-    t0 = time.perf_counter()
+    return result
+
+
+def _evaluate(args, tasks: dict, result) -> tuple[float, float, dict]:
+    """(transfer risk, local-training risk, the report as a dict) on the test tasks."""
+    from jdp import meta as M
+    k_ev, learner, template, ft, ts = (tasks["eval_key"], tasks["learner"], tasks["template"], tasks["finetune"],
+                                       tasks["test"])
     # the report's ε under each relation (dp_accounting, ~1 s for 100 subsampled steps, numpy) is computed beside
     # the evaluation (XLA compiling and running): the two share the cores instead of taking turns
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jdp-report") as pool:
@@ -138,33 +184,22 @@ def run(args) -> int:
         local = M.local_training_risk(k_ev, learner, template, ft, ts)
         risk = M.transfer_risk(k_ev, learner, result, ft, ts) if result is not None else local
         privacy = privacy.result() if privacy is not None else None
-    timings["evaluate_s"] = time.perf_counter() - t0
-    stages.update()
-    stages.close()
     if privacy is None:  # local training uses no training task: nothing released
         from jdp.accounting import PrivacyReport
         privacy = PrivacyReport(args.delta, unit="task").to_dict()
-    out = {
-        "algorithm": args.algorithm, "setting": args.setting, "n_tasks": args.n_tasks, "q": args.q,
-        "epsilon_target": None if args.algorithm in ("nonprivate", "local") else args.epsilon,
-        "transfer_risk": risk, "local_training_risk": local,
-        "noise_multiplier": None if result is None else result.noise_multiplier,
-        "steps": None if result is None else result.steps,
-        "batch_size": None if result is None else result.batch_size,
-        "privacy": privacy, "timings": timings, "seed": seed, "data_seed": args.data_seed,
-    }
-    warnings = []
-    if result is not None and args.algorithm != "nonprivate" and risk > local:
-        warnings.append(f"the private meta-initialisation (transfer risk {risk:.4g}) is worse than local training "
-                        f"({local:.4g}: each task learns from its own data alone, nothing released)")
-        out["warnings"] = warnings
-    wrote = []  # the files first: a closed pipe on stdout cannot lose them
+    return risk, local, privacy
+
+
+def _write_and_summarise(args, out: dict, result) -> None:
+    """The files first (a closed pipe on stdout cannot lose them), then the summary on stdout."""
+    wrote = []
     if args.out is not None:
         wrote.append(write_result(args.out, out))
     if args.plot is not None:
         from jdp.plots import meta_run
         wrote.append(f"wrote {meta_run(out, args.plot)}")
     eps = "" if out["epsilon_target"] is None else f" at target epsilon={args.epsilon:g}"
+    risk, local, timings = out["transfer_risk"], out["local_training_risk"], out["timings"]
     summary = [f"{args.algorithm}{eps} on GENERATED tasks ({args.setting}, --data-seed {args.data_seed}): "
                f"K={args.n_tasks} training tasks of {args.n_points} points, d={args.dim}, q={args.q}"
                + ("" if result is None else f", {result.steps} steps")
@@ -173,7 +208,6 @@ def run(args) -> int:
                f"alone, nothing released): {local:.4f}",
                f"time: generate {timings['generate_s']:.1f} s, train {timings['train_s']:.1f} s, "
                f"evaluate {timings['evaluate_s']:.1f} s"]
-    summary += privacy_lines({"non_private": True} if args.algorithm == "nonprivate" else privacy)
-    summary += [f"WARNING: {w}" for w in warnings] + wrote + no_out_hint(args)
+    summary += privacy_lines({"non_private": True} if args.algorithm == "nonprivate" else out["privacy"])
+    summary += [f"WARNING: {w}" for w in out.get("warnings", [])] + wrote + no_out_hint(args)
     print("\n".join(summary))
-    return 0
