@@ -134,9 +134,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def check_args(args: argparse.Namespace) -> tuple[bool, float | None]:
+def check_args(args: argparse.Namespace) -> tuple[bool, float | None, bool]:
     """Every option that can be checked without the data, before any work (reading or generating ratings, drawing
-    the seed); refusals name the flags. Returns (private, ε)."""
+    the seed); refusals name the flags. Returns (private, ε, whether the number of users is known already)."""
     private = Method.parse(args.method).private
     if not private and args.epsilon is not None:
         raise ValueError(f"--epsilon {args.epsilon:g} would be ignored: --method {args.method} is the non-private "
@@ -150,26 +150,25 @@ def check_args(args: argparse.Namespace) -> tuple[bool, float | None]:
             if value < 1:
                 raise ValueError(f"--synthetic-size {what} must be >= 1, got {value}")
     check_at_least(args, {"n_users": 1, "dim": 0, "steps": 1, "budget": 1, "n_shards": 0})
-    # the one privacy rule with the flags' names: δ < 1/n where n is known now (generated or declared users)
-    n_units = args.synthetic_size[0] if generated else args.n_users
-    if private:
-        check_flag_privacy(epsilon, args.delta, n_units, unit="user")
-    with flag_names(FLAGS):  # the configuration's own checks (mu, ratings-per-user, rating range, ...)
+    # the configuration's own checks (mu, ratings-per-user, rating range, ...) and the one privacy rule, with the
+    # flags' names: δ < 1/n where n is known now (generated or declared users)
+    n_users = args.synthetic_size[0] if generated else args.n_users
+    with flag_names(FLAGS):
         AltMinConfig(method=args.method, epsilon=epsilon, delta=args.delta, mu=args.mu, dim=args.dim, steps=args.steps,
                      budget=args.budget, ratings_per_user=args.ratings_per_user,
-                     rating_range=tuple(args.rating_range) if args.rating_range else None).resolve()
-    return private, epsilon
+                     rating_range=tuple(args.rating_range) if args.rating_range else None).resolve(n_users)
+    return private, epsilon, n_users is not None
 
 
 def run(args: argparse.Namespace) -> int:
     from jdp.altmin.experiment import rating_experiment
-    private, epsilon = check_args(args)
+    private, epsilon, n_users_known = check_args(args)
     with flag_names(FLAGS):
         data, rating_range, notes = load_data(args.data, args.data_path, args.data_seed, *args.synthetic_size,
                                               public_users=args.n_users, item_catalogue=args.item_catalogue,
                                               data_dir=args.data_dir, sha256=args.data_sha256,
                                               rating_range=tuple(args.rating_range) if args.rating_range else None)
-    if private:  # δ < 1/n of the user id space now known (the users in a file, unless --n-users declared a bound)
+    if private and not n_users_known:  # δ < 1/n of the user id space now known (the users in the file)
         check_flag_privacy(epsilon, args.delta, data.n_users, unit="user")
     cfg = AltMinConfig(method=args.method, epsilon=epsilon,
                        delta=args.delta, mu=args.mu, dim=args.dim, steps=args.steps, budget=args.budget,

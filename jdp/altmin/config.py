@@ -199,13 +199,16 @@ class AltMinConfig:
     def private(self) -> bool:
         return self.parsed_method.private
 
-    def _check_fields(self) -> None:
+    def _check_fields(self, n_users: int | None) -> None:
         """The checks of fields that have no default to resolve (ValueError naming the field)."""
         Method.parse(self.method)
         lo, hi = self.scale
         if not (math.isfinite(lo) and math.isfinite(hi) and hi > lo):
             raise ValueError(f"rating_range must be finite with hi > lo, got {self.rating_range}")
-        check_privacy(self.epsilon if self.private else None, self.delta, None, unit="user")  # δ < 1/n: in `fit`
+        if self.private:  # the one privacy rule (δ < 1/n where n is known)
+            check_privacy(self.epsilon, self.delta, n_users, unit="user")
+        else:  # the non-private reference states no guarantee: δ need only be a number in (0, 1)
+            check_privacy(None, self.delta, None, unit="user")
         check_positive(self.mu, "mu", allow_zero=True)
         check_positive(self.user_clip, "user_clip")
         if self.budget < 1:
@@ -228,10 +231,12 @@ class AltMinConfig:
         if self.item_bias_mean not in ("zero", "popularity"):  # read by the private SSP methods' default ridge
             raise ValueError(f"item_bias_mean must be 'zero' or 'popularity', got {self.item_bias_mean!r}")
 
-    def resolve(self) -> "AltMinConfig":
+    def resolve(self, n_users: int | None = None) -> "AltMinConfig":
         """Validates every field once and fills in the documented defaults (dim stays None for a private method:
-        `plan_run` picks it); the result's `rating_range` is concrete."""
-        self._check_fields()
+        `plan_run` picks it); the result's `rating_range` is concrete. `n_users`: the declared public number of
+        users where it is known (`fit`: train.n_users), for the privacy rule's δ < 1/n (`check_privacy`, which a
+        private config calls here once)."""
+        self._check_fields(n_users)
         lo, hi = self.scale
         global_mean = self.global_mean if self.global_mean is not None else ("prior" if self.private else "exact")
         if isinstance(global_mean, str):

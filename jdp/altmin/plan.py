@@ -9,6 +9,7 @@ item-bias priors that post-process one release (`item_bias_prior`, `item_bias_pr
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import NamedTuple
 
@@ -147,30 +148,46 @@ def run_releases(cfg: AltMinConfig, noise: NoiseMultipliers | None) -> list[Rele
     return releases + item_update_releases(cfg, noise.training)
 
 
-def calibrate_noise(cfg: AltMinConfig, size_release: bool = False) -> NoiseMultipliers:
+def calibrate_noise(cfg: AltMinConfig, size_release: bool = False,
+                    calibrated: NoiseMultipliers | None = None) -> NoiseMultipliers:
     """The noise multipliers of a private run with the resolved `cfg`: the pre-processing ones so that each part
     alone spends its fraction of ε (center_fraction for the mean, count_fraction for the counts, size_fraction
     for the rank check's total when `size_release`); then the training σ by root finding so that all of
-    `run_releases` composed spends exactly (ε, δ)."""
+    `run_releases` composed spends exactly (ε, δ).
+
+    Calibrated once: `calibrated`, the multipliers of an earlier branch of the same run (`plan_run`), gives the
+    pre-processing σ's it has; they depend only on ε, δ, the fractions, the budget and the rating scale, which no
+    branch changes, so only the missing ones and the training σ are calibrated. The result is cached per
+    (cfg, size_release, calibrated) (public values only): a re-plan (`fit`'s after the rank check) does not
+    calibrate again what it planned first."""
     if not cfg.private:
         raise ValueError(f"method {cfg.method!r} is the non-private reference: it has no noise to calibrate")
+    return _calibrate_noise(cfg, bool(size_release), calibrated)
 
+
+@functools.lru_cache(maxsize=256)
+def _calibrate_noise(cfg: AltMinConfig, size_release: bool, calibrated: NoiseMultipliers | None) -> NoiseMultipliers:
     def sigma_spending(epsilon: float, releases_at) -> float:
         return calibrate(lambda s: _composed(releases_at(s)), epsilon, cfg.delta, bracket=(1e-2, 1e7))
 
+    def part(known: float | None, fraction: float, releases_at) -> float:
+        return known if known is not None else sigma_spending(fraction * cfg.epsilon, releases_at)
+
+    known = calibrated or NoiseMultipliers(None, None, math.nan)
     sigma_mean = sigma_counts = sigma_size = None
     if size_release:
-        sigma_size = sigma_spending(cfg.size_fraction * cfg.epsilon, lambda s: _size_releases(cfg, s))
+        sigma_size = part(known.size, cfg.size_fraction, lambda s: _size_releases(cfg, s))
     if cfg.global_mean == "private":
-        sigma_mean = sigma_spending(cfg.center_fraction * cfg.epsilon, lambda s: _mean_releases(cfg, s))
+        sigma_mean = part(known.mean, cfg.center_fraction, lambda s: _mean_releases(cfg, s))
     if cfg.releases_counts:
-        sigma_counts = sigma_spending(cfg.count_fraction * cfg.epsilon, lambda s: _count_releases(cfg, s))
+        sigma_counts = part(known.counts, cfg.count_fraction, lambda s: _count_releases(cfg, s))
     sigma = sigma_spending(cfg.epsilon,
                            lambda s: run_releases(cfg, NoiseMultipliers(sigma_mean, sigma_counts, s, sigma_size)))
     return NoiseMultipliers(sigma_mean, sigma_counts, sigma, sigma_size)
 
 
-def plan_run(cfg: AltMinConfig, n_users: int, n_items: int, released_ratings_per_user: float | None = None) -> RunPlan:
+def plan_run(cfg: AltMinConfig, n_users: int, n_items: int, released_ratings_per_user: float | None = None, *,
+             resolved: AltMinConfig | None = None) -> RunPlan:
     """The plan of a fit with `cfg` on the declared PUBLIC sizes: the resolved config (dim and steps filled in),
     its noise multipliers and its releases; `fit` and `candidate_event` both use it, so the accounted event is
     the one that runs. An unset dim comes from `default_dim`; when that is 0 (biases only) and steps were not
@@ -194,9 +211,10 @@ def plan_run(cfg: AltMinConfig, n_users: int, n_items: int, released_ratings_per
     the rule's SSP signal-to-noise model does not describe it. On the same light-user data (factors only,
     3 noise seeds, zero cost 0.979) a checked rank 1 gave 1.01-1.20 and the optimistic rank 4 0.89-0.91
     (dpsgd-uniform, ε = 5; sample_rate 0.5: 1.02-1.18 vs 0.90-0.92; ada-dpsgd 1.06-1.21 vs 0.92-0.94; ε = 20:
-    0.99-1.16 vs 0.84-0.87)."""
+    0.99-1.16 vs 0.84-0.87).
+    `resolved`: `cfg.resolve()` where the caller has it (`fit` validates the config once, before any work)."""
     steps_given = cfg.steps is not None
-    cfg = cfg.resolve()
+    cfg = cfg.resolve() if resolved is None else resolved
     if not cfg.private:
         return RunPlan(cfg, None, run_releases(cfg, None))
     noise = calibrate_noise(cfg)
@@ -210,7 +228,7 @@ def plan_run(cfg: AltMinConfig, n_users: int, n_items: int, released_ratings_per
             # ε = 5, rank 4: 0.922 vs zero cost 0.912): biases only unless the caller sets dim
             dim = 0
         if dim > 0 and per_user is None and cfg.parsed_method.rule == RIDGE:  # check the rank against the users' sizes
-            noise = calibrate_noise(cfg, size_release=True)
+            noise = calibrate_noise(cfg, size_release=True, calibrated=noise)
             per_user = cfg.budget if released_ratings_per_user is None else released_ratings_per_user
             dim = max(default_dim(n_users, n_items, cfg.budget, noise.training, share, per_user), 0 if cfg.biases else 1)
         cfg = dataclasses.replace(cfg, dim=dim)
@@ -220,11 +238,12 @@ def plan_run(cfg: AltMinConfig, n_users: int, n_items: int, released_ratings_per
             cfg = dataclasses.replace(cfg, steps=1)
         if dim == 0 and (not steps_given or gram_released_once(cfg)):
             # the steps or the releases (rank 0: A once) changed: spend exactly ε again
-            noise = calibrate_noise(cfg, size_release=noise.size is not None)
+            noise = calibrate_noise(cfg, size_release=noise.size is not None, calibrated=noise)
     if cfg.count_release is None and cfg.parsed_method.optional_counts:
         cfg = dataclasses.replace(cfg, count_release=counts_useful(cfg, noise, n_users, n_items, per_user))
         if not cfg.count_release:
-            noise = calibrate_noise(cfg, size_release=noise.size is not None)  # no count release: all of ε to the item update
+            # no count release: all of ε to the item update
+            noise = calibrate_noise(cfg, size_release=noise.size is not None, calibrated=noise)
     return RunPlan(cfg, noise, run_releases(cfg, noise))
 
 
@@ -238,9 +257,10 @@ def released_ratings_per_user(total: float, n_users: int, cfg: AltMinConfig, noi
 def candidate_event(cfg: AltMinConfig, n_users: int, n_items: int) -> dp_accounting.DpEvent:
     """The composed dp_accounting event of a private fit with `cfg` on the declared sizes (noise calibrated
     to cfg.epsilon): the composition of the releases its report will list."""
-    if not cfg.resolve().private:
+    resolved = cfg.resolve()
+    if not resolved.private:
         raise ValueError(f"method {cfg.method!r} is the non-private reference: it has no privacy event")
-    return plan_run(cfg, n_users, n_items).event()
+    return plan_run(cfg, n_users, n_items, resolved=resolved).event()
 
 
 class _ResolvedItems(NamedTuple):

@@ -50,7 +50,6 @@ from jdp.data import Interactions, check_unique_pairs
 from jdp.multitask.counts import private_mean, private_total_count
 from jdp.multitask.ssp import clip_label_norms
 from jdp.noise import seeded_key, standard_normal
-from jdp.validation import check_privacy
 
 
 @dataclasses.dataclass
@@ -110,8 +109,9 @@ def fit(train: Interactions, cfg: AltMinConfig, seed: int | None = None) -> AltM
     Pass a seed only to reproduce an experiment: whoever knows it can subtract the noise.
     Private tuning of the ridge / budget: `jdp.altmin.tuning.fit_tuned`.
     """
-    cfg = checked_config(train, cfg)
-    train = _checked_ratings(train, cfg)
+    cfg = cfg.for_data(train)
+    resolved = cfg.resolve(train.n_users)  # every field and the privacy rule, once, before any work
+    train = _checked_ratings(train, resolved)
     timings = {}
     t0 = time.perf_counter()
     key, seed = seeded_key(seed)
@@ -121,7 +121,7 @@ def fit(train: Interactions, cfg: AltMinConfig, seed: int | None = None) -> AltM
     # Everything private is fixed before any rating is read (the resolved config, the noise multipliers, the
     # releases), except the rank check's choice among plans that all spend the same Gaussian budget
     # (`plan_run`). The report lists exactly the releases the calibration composed.
-    plan = _final_plan(train, cfg, key, timings)
+    plan = _final_plan(train, cfg, resolved, key, timings)
     cfg, noise = plan.config, plan.noise
     for release in plan.releases:
         report.add_release(release)
@@ -146,11 +146,10 @@ def fit(train: Interactions, cfg: AltMinConfig, seed: int | None = None) -> AltM
 
 def checked_config(train: Interactions, cfg: AltMinConfig) -> AltMinConfig:
     """`cfg` for `train` (`for_data`), validated before any work: every field (`resolve`) and, for a private
-    method, the one privacy rule (jdp.validation.check_privacy): δ < 1/n of the declared public user id space."""
+    method, the one privacy rule (jdp.validation.check_privacy, in `resolve`): δ < 1/n of the declared public user
+    id space."""
     cfg = cfg.for_data(train)
-    cfg.resolve()
-    if cfg.private:
-        check_privacy(cfg.epsilon, cfg.delta, train.n_users, unit="user")
+    cfg.resolve(train.n_users)
     return cfg
 
 
@@ -165,16 +164,17 @@ def _report(train: Interactions, cfg: AltMinConfig) -> PrivacyReport:
     return report
 
 
-def _final_plan(train: Interactions, cfg: AltMinConfig, key: jax.Array, timings: dict) -> RunPlan:
+def _final_plan(train: Interactions, cfg: AltMinConfig, resolved: AltMinConfig, key: jax.Array,
+                timings: dict) -> RunPlan:
     """`plan_run` on the declared sizes; when it plans the rank check, the users' sizes are released (the first
-    release of the plan) and the run re-planned with their value."""
+    release of the plan) and the run re-planned with their value (`resolved`: `cfg.resolve()`, validated)."""
     n_users, n_items = train.n_users, train.n_items
-    plan = plan_run(cfg, n_users, n_items)
+    plan = plan_run(cfg, n_users, n_items, resolved=resolved)
     if plan.noise is not None and plan.noise.size is not None:  # the rank check: release the users' sizes, re-plan
         total = private_total_count(jax.random.fold_in(key, 7), jnp.asarray(train.user), n_users, cfg.budget,
                                     plan.noise.size)
         per_user = released_ratings_per_user(total, n_users, cfg, plan.noise.size)
-        plan = plan_run(cfg, n_users, n_items, released_ratings_per_user=per_user)
+        plan = plan_run(cfg, n_users, n_items, released_ratings_per_user=per_user, resolved=resolved)
         timings["released_ratings_per_user"] = per_user
     return plan
 
