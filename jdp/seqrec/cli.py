@@ -35,6 +35,18 @@ from jdp.seqrec.train import DEFAULT_WINDOWS, ITEM_INIT_EPSILON_SHARE, ITEM_INIT
 def register(subparsers) -> None:
     p = subparsers.add_parser("seqrec", help="DP sequential recommendation (DPFormer, Transformer, GRU, LSTM)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_data_flags(p)
+    _add_privacy_flags(p)
+    _add_architecture_flags(p)
+    _add_item_flags(p)
+    _add_run_flags(p)
+    for title, dests in HELP_GROUPS.items():
+        move_to_group(p, title, dests)
+    p.set_defaults(func=run)
+
+
+def _add_data_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of data and the model choice."""
     p.add_argument("--data", required=True, choices=["amazon-games", "ml-100k", "ml-1m", "synthetic"],
                    help="a published dataset (downloaded on first use, see --data-dir) or 'synthetic' "
                         "(jdp.data.synthetic.planted_sequences with --data-seed: no download)")
@@ -49,6 +61,10 @@ def register(subparsers) -> None:
                         "round(2.5 sqrt(users / sigma)) of the release's sigma, e.g. 548 on Amazon Games and 96 on "
                         "ML-100K at ε = 8; --non-private needs it)")
     p.add_argument("--history", type=int, default=3, help="transitions: recent items whose rows score a user")
+
+
+def _add_privacy_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of privacy and the optimiser."""
     p.add_argument("--epsilon", type=float, default=None, help=f"(default: {DEFAULT_EPSILON}); refused with --non-private")
     p.add_argument("--non-private", action="store_true",
                    help="NON-PRIVATE reference run (no noise; refused beside --epsilon)")
@@ -64,6 +80,10 @@ def register(subparsers) -> None:
     add_deprecated_flag(p, "--clip", "--l2-clip")  # its name before this release
     p.add_argument("--normalize", action="store_true",
                    help="normalised clipping g·C/||g|| (the DPFormer paper's variant) instead of min(1, C/||g||)")
+
+
+def _add_architecture_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of the network."""
     p.add_argument("--maxlen", type=int, default=None, help="default 50 (Amazon) / 200 (MovieLens) / 20 (synthetic)")
     p.add_argument("--d", type=int, default=None, help="model width; default 64 (the paper's) / 32 with --data synthetic")
     p.add_argument("--heads", type=int, default=1)
@@ -78,6 +98,10 @@ def register(subparsers) -> None:
                         "projections (default d)")
     p.add_argument("--dropout", type=float, default=None,
                    help="default 0.5 (Amazon) / 0.2 (MovieLens) / 0 (synthetic: the quick run)")
+
+
+def _add_item_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of the item table and its releases."""
     p.add_argument("--hist-noise-multiplier", type=float, default=10.0,
                    help="DPFormer item histogram noise / sqrt(maxlen+1)")
     p.add_argument("--public-item-counts", default=None,
@@ -115,6 +139,10 @@ def register(subparsers) -> None:
     p.add_argument("--item-init-noise", type=float, default=None,
                    help="--item-init transitions: the release's noise std (per-user Frobenius norm 1); default: the "
                         f"item releases alone spend {ITEM_INIT_EPSILON_SHARE:g} of epsilon")
+
+
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of windows, evaluation, long runs and outputs."""
     p.add_argument("--length-buckets", default=None,
                    help="comma-separated shorter windows for short sequences (compute only; '' = none); default "
                         f"{','.join(map(str, DEFAULT_WINDOWS))} / none with --data synthetic (one compiled shape)")
@@ -143,9 +171,6 @@ def register(subparsers) -> None:
                         "privacy report covers the steps that ran. Evaluation after the stop is not in the budget")
     p.add_argument("--out", default=None, help="write the full result as JSON here (the summary is printed)")
     p.add_argument("--plot", default=None, help="PNG: training loss and validation NDCG per epoch")
-    for title, dests in HELP_GROUPS.items():
-        move_to_group(p, title, dests)
-    p.set_defaults(func=run)
 
 
 DEFAULT_EPSILON = 8.0
@@ -285,56 +310,17 @@ def check_args(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     import jax
 
-    from jdp.seqrec import data as data_mod
     from jdp.seqrec.train import train
 
     logging.getLogger("absl").setLevel(logging.ERROR)
-    if args.max_minutes is not None:  # refuse before any work
-        if not args.max_minutes > 0:
-            raise ValueError(f"--max-minutes must be > 0, got {args.max_minutes}")
-        if args.model == "transitions":
-            raise ValueError("--max-minutes does not apply to --model transitions (one release, no training loop)")
-        if not args.checkpoint:
-            raise ValueError("--max-minutes stops training early and saves it for --resume: give --checkpoint FILE")
-    if args.model == "transitions":  # refuse before any work
-        if args.k is None and args.non_private:
-            raise ValueError("--model transitions --non-private needs --k (the rule for K reads the release's noise)")
-        if args.mask_history or args.checkpoint or args.resume:
-            raise ValueError("--mask-history, --checkpoint and --resume do not apply to --model transitions")
-    # a given data input is never ignored (the rule of `jdp altmin` too): refused where it does not apply
-    if args.data == "synthetic" and (args.data_path or args.data_sha256):
-        given = " and ".join(f for f, v in (("--data-path", args.data_path), ("--data-sha256", args.data_sha256)) if v)
-        raise ValueError(f"--data synthetic generates its sequences and reads no file, so {given} would be ignored: "
-                         f"drop it, or name the dataset your file holds (--data amazon-games / ml-100k / ml-1m)")
-    if args.data_path and args.data_sha256:
-        raise ValueError(f"--data-sha256 checks a download, but --data-path {args.data_path} downloads nothing: "
-                         "drop one of them")
+    _refuse_before_any_work(args)
     check_args(args)
     if args.data == "synthetic" and args.epochs is None and args.model != "transitions":
         quick_compile_flags()
     t0 = time.perf_counter()
-    path = args.data_path
-    if path is None and args.data != "synthetic":
-        from jdp.data import fetch
-        path = fetch(args.data, args.data_dir, progress=not args.no_progress, sha256=args.data_sha256)
-    catalogue = None
-    if args.item_catalogue:
-        cp = pathlib.Path(args.item_catalogue)
-        if cp.suffix == ".npy":
-            catalogue = np.load(cp)
-        elif cp.name in ("u.item", "movies.dat", "movies.csv") or cp.is_dir():
-            from jdp.data.movielens import load_movielens_items
-            catalogue = load_movielens_items(cp)
-        else:
-            catalogue = np.loadtxt(cp, dtype=np.int64, ndmin=1)
     seed = noise_seed(args)
     k_train = jax.random.key(seed)
-    k_vocab = jax.random.fold_in(k_train, 0x766F63)  # its own stream; training keeps key(seed)
-    with flag_names(FLAGS):
-        d = data_mod.load(args.data, path=path, maxlen=args.maxlen, vocabulary=args.vocabulary,
-                          item_catalogue=catalogue, min_item_count=args.min_item_count,
-                          vocab_noise_multiplier=args.vocab_noise_multiplier, key=k_vocab, delta=args.delta,
-                          data_seed=args.data_seed)
+    d = _load(args, jax.random.fold_in(k_train, 0x766F63))  # the vocabulary's own stream; training keeps key(seed)
     # δ < 1/N of the declared users (--n-users), else of the users read: refused with the flag's name before training
     check_flag_privacy(_epsilon(args), args.delta, args.n_users or d.n_users, unit="user")
     t_load = time.perf_counter() - t0
@@ -365,6 +351,54 @@ def run(args: argparse.Namespace) -> int:
     }
     from jdp.plots import seqrec_history
     return _report(args, out, res.privacy, seqrec_history)
+
+
+def _refuse_before_any_work(args: argparse.Namespace) -> None:
+    """Flags that do not go together, or a given input that would be ignored: ValueError naming them."""
+    if args.max_minutes is not None:
+        if not args.max_minutes > 0:
+            raise ValueError(f"--max-minutes must be > 0, got {args.max_minutes}")
+        if args.model == "transitions":
+            raise ValueError("--max-minutes does not apply to --model transitions (one release, no training loop)")
+        if not args.checkpoint:
+            raise ValueError("--max-minutes stops training early and saves it for --resume: give --checkpoint FILE")
+    if args.model == "transitions":
+        if args.k is None and args.non_private:
+            raise ValueError("--model transitions --non-private needs --k (the rule for K reads the release's noise)")
+        if args.mask_history or args.checkpoint or args.resume:
+            raise ValueError("--mask-history, --checkpoint and --resume do not apply to --model transitions")
+    # a given data input is never ignored (the rule of `jdp altmin` too): refused where it does not apply
+    if args.data == "synthetic" and (args.data_path or args.data_sha256):
+        given = " and ".join(f for f, v in (("--data-path", args.data_path), ("--data-sha256", args.data_sha256)) if v)
+        raise ValueError(f"--data synthetic generates its sequences and reads no file, so {given} would be ignored: "
+                         f"drop it, or name the dataset your file holds (--data amazon-games / ml-100k / ml-1m)")
+    if args.data_path and args.data_sha256:
+        raise ValueError(f"--data-sha256 checks a download, but --data-path {args.data_path} downloads nothing: "
+                         "drop one of them")
+
+
+def _load(args: argparse.Namespace, k_vocab):
+    """The named dataset (downloaded unless --data-path; generated for synthetic) with its item vocabulary."""
+    from jdp.seqrec import data as data_mod
+    path = args.data_path
+    if path is None and args.data != "synthetic":
+        from jdp.data import fetch
+        path = fetch(args.data, args.data_dir, progress=not args.no_progress, sha256=args.data_sha256)
+    catalogue = None
+    if args.item_catalogue:
+        cp = pathlib.Path(args.item_catalogue)
+        if cp.suffix == ".npy":
+            catalogue = np.load(cp)
+        elif cp.name in ("u.item", "movies.dat", "movies.csv") or cp.is_dir():
+            from jdp.data.movielens import load_movielens_items
+            catalogue = load_movielens_items(cp)
+        else:
+            catalogue = np.loadtxt(cp, dtype=np.int64, ndmin=1)
+    with flag_names(FLAGS):
+        return data_mod.load(args.data, path=path, maxlen=args.maxlen, vocabulary=args.vocabulary,
+                             item_catalogue=catalogue, min_item_count=args.min_item_count,
+                             vocab_noise_multiplier=args.vocab_noise_multiplier, key=k_vocab, delta=args.delta,
+                             data_seed=args.data_seed)
 
 
 METRIC_UNITS = ("NDCG@10 and HIT@10 are fractions in [0, 1] in this file (the printed summary shows them as "
