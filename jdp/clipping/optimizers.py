@@ -39,11 +39,13 @@ class ScaleByAdamBCState(NamedTuple):
     nu: optax.Updates
 
 
-def scale_by_adam_bc(noise_var: float, b1: float = 0.9, b2: float = 0.999,
-                     gamma_over_noise: float = 10.0) -> optax.GradientTransformation:
+def scale_by_adam_bc(noise_var: float, b1: float = 0.9, b2: float = 0.999, gamma_over_noise: float = 10.0,
+                     eps: float = 1e-8) -> optax.GradientTransformation:
     """Adam's scaling with the known noise variance `noise_var` (φ) removed from the second moment:
-    m̂ / √max(v̂ − φ, γ), γ = gamma_over_noise · φ (module docstring). Moments are kept in float32."""
-    phi = check_positive(noise_var, "noise_var")
+    m̂ / (√max(v̂ − φ, γ) + eps), γ = gamma_over_noise · φ (module docstring); φ = 0 (no noise, e.g. a NON-PRIVATE
+    reference run) is Adam itself. Moments are kept in float32."""
+    phi = check_positive(noise_var, "noise_var", allow_zero=True)
+    eps = check_positive(eps, "eps", allow_zero=True)
     gamma = check_positive(gamma_over_noise, "gamma_over_noise") * phi
     for name, b in (("b1", b1), ("b2", b2)):
         if not 0.0 <= b < 1.0:
@@ -63,7 +65,7 @@ def scale_by_adam_bc(noise_var: float, b1: float = 0.9, b2: float = 0.999,
         c1, c2 = 1.0 - b1 ** t, 1.0 - b2 ** t
 
         def step(m, v, g):
-            return ((m / c1) / jnp.sqrt(jnp.maximum(v / c2 - phi, gamma))).astype(g.dtype)
+            return ((m / c1) / (jnp.sqrt(jnp.maximum(v / c2 - phi, gamma)) + eps)).astype(g.dtype)
 
         return jax.tree.map(step, mu, nu, updates), ScaleByAdamBCState(count, mu, nu)
 
@@ -71,9 +73,10 @@ def scale_by_adam_bc(noise_var: float, b1: float = 0.9, b2: float = 0.999,
 
 
 def dp_adam_bc(learning_rate: optax.ScalarOrSchedule, noise_var: float, b1: float = 0.9, b2: float = 0.999,
-               gamma_over_noise: float = 10.0, weight_decay: float = 0.0) -> optax.GradientTransformation:
+               gamma_over_noise: float = 10.0, eps: float = 1e-8, weight_decay: float = 0.0
+               ) -> optax.GradientTransformation:
     """DP-AdamBC with decoupled weight decay (AdamW's), to put after `dp_aggregate` (as `dp_sgd`'s optimizer)."""
-    parts = [scale_by_adam_bc(noise_var, b1, b2, gamma_over_noise)]
+    parts = [scale_by_adam_bc(noise_var, b1, b2, gamma_over_noise, eps)]
     if weight_decay:
         parts.append(optax.add_decayed_weights(check_positive(weight_decay, "weight_decay")))
     lr = learning_rate if callable(learning_rate) else check_positive(learning_rate, "learning_rate")

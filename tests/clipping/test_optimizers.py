@@ -13,7 +13,7 @@ def _reference(grads, phi, b1, b2, gamma):
     out = []
     for t, g in enumerate(grads, start=1):
         m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
-        out.append((m / (1 - b1 ** t)) / np.sqrt(np.maximum(v / (1 - b2 ** t) - phi, gamma)))
+        out.append((m / (1 - b1 ** t)) / (np.sqrt(np.maximum(v / (1 - b2 ** t) - phi, gamma)) + 1e-8))
     return out
 
 
@@ -60,7 +60,7 @@ def test_adam_bc_stops_the_noise_walk_that_adam_makes_and_keeps_adams_step_on_si
 def test_noise_variance_and_refusals():
     assert noise_variance(2.0, 1.5, 1000.0) == pytest.approx((2.0 * 1.5 / 1000.0) ** 2)
     with pytest.raises(ValueError, match="noise_var"):
-        scale_by_adam_bc(0.0)
+        scale_by_adam_bc(-1e-6)
     with pytest.raises(ValueError, match="gamma_over_noise"):
         scale_by_adam_bc(1e-6, gamma_over_noise=-1.0)
     with pytest.raises(ValueError, match="b2"):
@@ -76,3 +76,15 @@ def test_adam_bc_keeps_the_parameter_dtype_and_float32_moments():
     u, state = tx.update({"w": jnp.full((3,), 0.5, jnp.bfloat16)}, state, params)
     assert u["w"].dtype == jnp.bfloat16
     assert state[0].nu["w"].dtype == jnp.float32
+
+
+def test_without_noise_adam_bc_is_adam():
+    rng = np.random.default_rng(3)
+    params = jnp.zeros(6)
+    bc, adam = scale_by_adam_bc(0.0), optax.scale_by_adam()
+    s_bc, s_adam = bc.init(params), adam.init(params)
+    for _ in range(5):
+        g = jnp.asarray(rng.normal(size=6), jnp.float32)
+        u_bc, s_bc = bc.update(g, s_bc)
+        u_adam, s_adam = adam.update(g, s_adam)
+        np.testing.assert_allclose(np.asarray(u_bc), np.asarray(u_adam), rtol=1e-6)
