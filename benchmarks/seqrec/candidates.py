@@ -29,6 +29,8 @@ from benchmarks.common import write_results
 from jdp import accounting, noise
 from jdp.data import fetch
 from jdp.seqrec import data as D
+from jdp.seqrec import item_table
+from jdp.seqrec import prepare as P
 from jdp.seqrec import train as T
 from jdp.seqrec import transitions as TR
 from jdp.seqrec.evaluate import ndcg_hit_from_ranks, popularity_ranks
@@ -56,11 +58,11 @@ def candidate_data(data: D.SeqData, counts: np.ndarray, k: int, releases: tuple)
 
 
 def freeze_table_loss(make_loss_fn):
-    """make_loss_fn whose losses do not differentiate the item table (`jdp.seqrec.train.freeze_item_table_loss`);
+    """make_loss_fn whose losses do not differentiate the item table (`jdp.seqrec.item_table.freeze_item_table_loss`);
     unlike TrainConfig(freeze_item_table=True) the optimizer still moves the table by the noise (the diagnostic
     as it ran)."""
     def make(model, log_q=None):
-        return T.freeze_item_table_loss(make_loss_fn(model, log_q=log_q))
+        return item_table.freeze_item_table_loss(make_loss_fn(model, log_q=log_q))
     return make
 
 
@@ -91,7 +93,7 @@ def main(argv=None) -> None:
     public[remap[is_cand]] = np.maximum(counts[is_cand], 0.0)
     public[K + 1] = max(np.maximum(counts[remap == K + 1], 0.0).sum(), 1.0)
     if args.freeze_table:
-        T.make_loss_fn = freeze_table_loss(T.make_loss_fn)
+        P.make_loss_fn = freeze_table_loss(P.make_loss_fn)  # the loss `train` builds
     cfg = T.TrainConfig(model=args.model, epsilon=args.epsilon, delta=DELTA, epochs=args.epochs, batch_size=1024,
                         lr=args.lr, normalize=True, eval_every_epochs=2.0,
                         clipping="vmap" if args.freeze_table else "auto")

@@ -21,7 +21,7 @@ from benchmarks.common import write_results
 from jdp import noise
 from jdp.data import fetch
 from jdp.seqrec import data as D
-from jdp.seqrec import train
+from jdp.seqrec import item_table, train
 
 
 def noise_only_on(group: str):
@@ -30,7 +30,7 @@ def noise_only_on(group: str):
 
     def add_to_group(key, tree, std):
         noisy = add(key, tree, std)
-        keep = lambda path, clean, nz: nz if train._is_item_embedding(path) == (group == "item") else clean  # noqa: E731
+        keep = lambda path, clean, nz: nz if item_table.is_item_embedding(path) == (group == "item") else clean  # noqa: E731
         return jax.tree_util.tree_map_with_path(keep, tree, noisy)
     return add_to_group
 

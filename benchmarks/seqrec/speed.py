@@ -149,6 +149,8 @@ def paired(data_path: str, epochs: int = 1, warm_epochs: int = 1) -> dict:
     from jdp.seqrec import reattention as ra
     from jdp.seqrec import train as tr
     from jdp.seqrec.models import make_loss_fn, make_model
+    from jdp.seqrec.nonprivate import nonprivate_step
+    from jdp.seqrec.prepare import reatt_inputs
     data = _data(data_path)
     cfg = tr.TrainConfig(model="dpformer", epsilon=8.0, batch_size=1024, lr=1e-3, dropout=0.5)
     N, q, steps = tr.sampling_plan(data, cfg)
@@ -165,10 +167,10 @@ def paired(data_path: str, epochs: int = 1, warm_epochs: int = 1) -> dict:
     dp = dp_sgd(loss_fn, opt, num_examples=N, batch_size=cfg.batch_size, l2_clip=cfg.l2_clip, delta=cfg.delta,
                 steps=steps, noise_multiplier=sigma, method=cfg.clipping, normalize=cfg.normalize, unit="user",
                 batch_chunk=cfg.batch_chunk)
-    np_state, np_acc, np_apply = tr._nonprivate_step(loss_fn, opt, params, cfg.batch_size, cfg.batch_chunk)
+    np_state, np_acc, np_apply = nonprivate_step(loss_fn, opt, params, cfg.batch_size, cfg.batch_chunk)
     runs = {"nonprivate": [np_state, np_acc, np_apply],
             "dp": [jax.jit(dp.init)(params, jax.random.key_data(k_noise)), dp.accumulate, dp.apply]}
-    reatt = tr._reatt_inputs(*ra.effective_variances(sigma, cfg.l2_clip, cfg.batch_size, q, counts, cfg.error_scale))
+    reatt = reatt_inputs(*ra.effective_variances(sigma, cfg.l2_clip, cfg.batch_size, q, counts, cfg.error_scale))
     windows = np.array(sorted({int(b) for b in cfg.length_buckets if 0 < b < L} | {L}))
     zero = jax.tree.map(jnp.zeros_like, params)
     per_epoch = int(np.ceil(data.n_users / cfg.batch_size))

@@ -12,7 +12,7 @@ import pytest
 from jdp import clipping as jc
 
 from jdp import accounting
-from jdp.seqrec import data, models, train, transitions
+from jdp.seqrec import data, models, nonprivate, train, transitions
 from jdp.clipping import clipped_grad
 
 logging.getLogger("absl").setLevel(logging.ERROR)
@@ -231,7 +231,7 @@ def test_nonprivate_step_sums_the_same_gradients_in_any_pass_size(batch_chunk):
     model = models.make_model("transformer", d.n_items, d.maxlen, d=8, heads=1, blocks=1, dropout=0.0)
     params = jax.jit(model.init)(jax.random.key(0), jnp.asarray(d.train_input[:2]))
     loss_fn = models.make_loss_fn(model)
-    _, accumulate, _ = train._nonprivate_step(loss_fn, optax.sgd(0.1), params, 8.0, batch_chunk)
+    _, accumulate, _ = nonprivate.nonprivate_step(loss_fn, optax.sgd(0.1), params, 8.0, batch_chunk)
     batch = {"input": jnp.asarray(d.train_input), "target": jnp.asarray(d.train_target),
              "key": jax.random.split(jax.random.key(3), 10)}
     mask = jnp.asarray(np.arange(10) < 7)

@@ -1,0 +1,114 @@
+"""`TrainConfig`: the hyper-parameters of a `jdp.seqrec.train` run, their public constants and the one check of
+them (`TrainConfig.validate`)."""
+from __future__ import annotations
+
+import dataclasses
+
+from jdp.clipping import METHODS as CLIPPING_METHODS
+from jdp.clipping.engine import check_batch_chunk
+from jdp.seqrec.models import NORMS, check_item_dim
+from jdp.validation import check_positive, check_privacy
+
+# Shorter windows (compute only): every length up to 8, then steps of ~25%, so a user's window wastes
+# at most ~20% of its positions. Each window used compiles one chunk shape (plus one for a step's last chunk).
+DEFAULT_WINDOWS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128,
+                   160, 192, 224, 256)
+
+NEGATIVE_SAMPLERS = ("uniform", "popularity")
+ITEM_INITS = ("random", "transitions")
+# item_init="transitions" without a declared noise: the item releases alone would spend this share of ε (a public
+# rule; under RDP composition the DP-SGD steps' σ then grows by ~10% at ε = 8, not by half)
+ITEM_INIT_EPSILON_SHARE = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Hyper-parameters (paper defaults where it states them: warm-up 20%, Adam, wd 1e-5, C = 1)."""
+    model: str = "dpformer"
+    epsilon: float | None = 8.0       # None = non-private reference run
+    delta: float = 1e-5
+    epochs: float = 100.0
+    batch_size: int = 1024            # expected Poisson batch size B = qN
+    lr: float = 1e-3
+    warmup_frac: float = 0.2
+    weight_decay: float = 1e-5
+    l2_clip: float = 1.0
+    normalize: bool = False           # normalised clipping g·C/‖g‖ (the paper's choice) instead of min(1, C/‖g‖)
+    clipping: str = "auto"            # jdp.clipping method ("vmap": the exact per-example reference)
+    batch_chunk: int | str | None = "auto"  # users per pass inside each physical chunk: jdp.clipping's batch_chunk
+                                      # ("auto": on CPU chunks of 4 users whose per-user embedding gradients are
+                                      # kept for the clipped sum, DP epoch 47 s vs 64 s in one pass; None: one
+                                      # pass); the non-private reference likewise (`nonprivate.nonprivate_chunk`)
+    d: int = 64
+    heads: int = 1
+    blocks: int = 2
+    dropout: float = 0.5
+    activation: str = "relu"
+    norm: str = "pre"                 # Transformer blocks: "pre" (SASRec) or "post" (Vaswani et al.'s encoder)
+    ffn_dim: int | None = None        # Transformer feed-forward width (None = d)
+    item_dim: int | None = None       # vanilla Transformers: item table width r (None = d); r < d adds learned r→d
+                                      # and d→r projections (`TransformerRec.item_dim`)
+    chunk_rows: int = 1024            # users × window positions per jit call (physical chunk; 1024: ~1.3× the real
+                                      # positions on Amazon Games at B = 1024, 2048: ~1.55×, same speed per position)
+    hist_noise_multiplier: float = 10.0  # Gaussian histogram noise / sqrt(maxlen+1)
+    error_scale: float = 1.0          # multiplies Re-Attention's effective errors (paper: 1)
+    eval_every_epochs: float = 0.0    # 0 = only at the end (validation history otherwise)
+    mask_history: bool = False
+    eval_chunk: int = 1024
+    length_buckets: tuple = DEFAULT_WINDOWS  # window lengths for shorter sequences (compute only)
+    n_users_public: int | None = None  # declared public bound on the users: sets q = B/N and the steps
+    negatives: int = 0                # 0 = full softmax (the paper); K > 0 = sampled softmax, K items per step
+    negative_sampler: str = "uniform"  # "uniform" or "popularity" (public or released counts, see train)
+    trainable_items: int = 0          # 0 = every item embedding row trains; K > 0 = only the K items with the
+                                      # largest public or released counts (`frozen_item_rows`)
+    item_init: str = "random"         # "transitions" (beyond the paper): the tied item table starts from ONE
+                                      # release of item-to-item transitions (`start_from_item_table`)
+    item_init_k: int = 500            # its candidate items (a public choice, as `jdp.seqrec.transitions`' K)
+    freeze_item_table: bool = False   # the item table never trains (not differentiated, its noise discarded):
+                                      # with item_init="transitions" it keeps the release; DP-SGD trains the rest
+    item_init_noise: float | None = None  # its Gaussian noise std (per-user Frobenius norm 1), composed with
+                                      # DP-SGD; None: calibrated so that the item releases alone meet
+                                      # (ITEM_INIT_EPSILON_SHARE·ε, δ)
+
+    def validate(self) -> None:
+        check_privacy(self.epsilon, self.delta, None, unit="user")  # δ < 1/n: in `sampling_plan`
+        for name in ("epochs", "lr", "l2_clip", "hist_noise_multiplier"):
+            check_positive(getattr(self, name), name)
+        check_positive(self.weight_decay, "weight_decay", allow_zero=True)
+        check_positive(self.error_scale, "error_scale", allow_zero=True)
+        if not 0.0 <= self.warmup_frac < 1.0:
+            raise ValueError(f"warmup_frac must be in [0, 1), got {self.warmup_frac}")
+        for name in ("batch_size", "chunk_rows", "d", "heads", "blocks", "eval_chunk"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_batch_chunk(self.batch_chunk)
+        if int(self.negatives) < 0:
+            raise ValueError(f"negatives must be >= 0, got {self.negatives}")
+        if int(self.trainable_items) < 0:
+            raise ValueError(f"trainable_items must be >= 0, got {self.trainable_items}")
+        if self.item_init not in ITEM_INITS:
+            raise ValueError(f"item_init must be one of {ITEM_INITS}, got {self.item_init!r}")
+        if self.item_init == "transitions":
+            if self.model not in ("dpformer", "transformer") or (self.item_dim or self.d) != self.d \
+                    or self.norm != "pre" or self.d < 2:
+                raise ValueError("item_init='transitions' needs a tied d-wide item table and a final LayerNorm: "
+                                 "model 'dpformer' or 'transformer' with norm='pre', d >= 2, without item_dim")
+            if int(self.item_init_k) != self.item_init_k or self.item_init_k < 1:
+                raise ValueError(f"item_init_k must be a positive integer, got {self.item_init_k}")
+            if self.item_init_noise is not None:
+                check_positive(self.item_init_noise, "item_init_noise")
+        if self.negative_sampler not in NEGATIVE_SAMPLERS:
+            raise ValueError(f"negative_sampler must be one of {NEGATIVE_SAMPLERS}, got {self.negative_sampler!r}")
+        if self.negatives and self.model == "transformer-untied":
+            raise ValueError("a sampled softmax (negatives > 0) needs a tied output embedding")
+        if self.norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
+        if self.ffn_dim is not None and int(self.ffn_dim) < 1:
+            raise ValueError(f"ffn_dim must be >= 1, got {self.ffn_dim}")
+        if self.item_dim is not None:
+            check_item_dim(self.model, self.item_dim, self.d)
+        if self.clipping not in CLIPPING_METHODS:
+            raise ValueError(f"clipping must be one of {CLIPPING_METHODS}, got {self.clipping!r}")
+
+
+__all__ = ["DEFAULT_WINDOWS", "ITEM_INITS", "ITEM_INIT_EPSILON_SHARE", "NEGATIVE_SAMPLERS", "TrainConfig"]

@@ -1,0 +1,124 @@
+"""The privacy set-up of a `jdp.seqrec.train` run: its sampling plan (N, q = B/N, steps), the releases before its
+DP-SGD steps (item histogram, item-table start) composed with the steps into one report with σ calibrated for
+the total (`privacy_setup`), and the report of a run stopped early (`partial_report`). Unit, relation and the
+list of releases: `jdp.seqrec.train`'s docstring."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import NamedTuple
+
+import jax
+import numpy as np
+from dp_accounting import dp_event as dpe
+
+from jdp import accounting
+from jdp.clipping.dp_sgd import calibrate_noise_multiplier, dp_sgd_release
+from jdp.seqrec import reattention as ra
+from jdp.seqrec import transitions as tr
+from jdp.seqrec.config import ITEM_INIT_EPSILON_SHARE, TrainConfig
+from jdp.seqrec.data import SeqData, item_presence
+from jdp.validation import check_privacy
+
+DP_SGD_STEP = "DP-SGD step (Poisson-sampled Gaussian)"  # the report's name of the training steps' release
+
+
+def sampling_plan(data: SeqData, cfg: TrainConfig) -> tuple[int, float, int]:
+    """(N, q = B/N, steps) from the declared public number of users, else from the data's count (which the
+    report then states as an assumption: under add/remove-one-user it is private)."""
+    n_data = data.n_users
+    N = n_data if cfg.n_users_public is None else int(cfg.n_users_public)
+    if N < n_data:
+        raise ValueError(f"n_users_public ({N}) must be >= the users in the data ({n_data})")
+    if cfg.batch_size > N:
+        raise ValueError(f"batch_size must be <= number of users ({N}), got {cfg.batch_size}")
+    check_privacy(cfg.epsilon, cfg.delta, N, unit="user")  # the one rule: δ < 1/N of the declared users
+    return N, cfg.batch_size / N, max(1, int(math.ceil(cfg.epochs * N / cfg.batch_size)))
+
+
+class PrivacySetup(NamedTuple):
+    report: accounting.PrivacyReport | None
+    noise_multiplier: float
+    item_counts: np.ndarray | None        # for Re-Attention / trainable rows: public or released
+    item_start: tr.TransitionModel | None  # item_init="transitions": the release the item table starts from
+
+
+def privacy_setup(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_counts: np.ndarray | None = None
+                  ) -> PrivacySetup:
+    """(report, noise multiplier σ, item counts for Re-Attention, item-table release) for a run of cfg; in a
+    NON-PRIVATE run (None, 0, None, the exact transitions or None). DPFormer: caller-declared public counts,
+    else a Gaussian histogram release. item_init="transitions": one release of item transitions
+    (`jdp.seqrec.transitions.release`, noise std cfg.item_init_noise). The data's vocabulary release
+    (vocabulary='private') and these are composed into the same report and σ is calibrated for the total;
+    the vocabulary's assumptions (public / exact vocabulary) are stated in the report."""
+    cfg.validate()
+    start_key = jax.random.fold_in(key, 0x7472)  # the transition release's own noise stream
+    if cfg.epsilon is None:
+        return PrivacySetup(None, 0.0, None, _item_start(data, cfg, start_key, None, public_item_counts))
+    L, M = data.maxlen, data.n_items
+    N, q, steps = sampling_plan(data, cfg)
+    report = accounting.PrivacyReport(cfg.delta, unit="user", relation=accounting.ADD_OR_REMOVE_ONE)
+    if cfg.n_users_public is None:
+        report.assume(f"number of users N = {N} treated as public (sets the sampling rate q = B/N and the "
+                      "number of steps); declare a public bound with TrainConfig(n_users_public=...)")
+    # the vocabulary's own release (private mode) or the assumption it rests on (public / exact)
+    for release in data.vocab_releases:
+        report.add_release(release)
+    for text in data.vocab_assumptions:
+        report.assume(text)
+    counts_rel = None
+    if cfg.model == "dpformer" or cfg.trainable_items:
+        if public_item_counts is not None:
+            counts_rel = np.asarray(public_item_counts, np.float64)
+            if counts_rel.shape != (M + 1,) or not np.isfinite(counts_rel).all():
+                raise ValueError(f"public_item_counts must be a finite array of shape ({M + 1},)")
+            report.assume("item counts (public_item_counts) declared public by the caller")
+        else:
+            counts_rel = ra.private_item_counts(key, item_presence(data.train_input, data.train_target, M),
+                                                L + 1, cfg.hist_noise_multiplier, report)
+    start = _item_start(data, cfg, start_key, report, public_item_counts)
+    # DP-SGD's own calibration and report line, its σ calibrated for the steps composed after the releases above
+    sigma = calibrate_noise_multiplier(cfg.epsilon, cfg.delta, q, steps,
+                                       before=[r.composed_event() for r in report.releases])
+    report.add_release(dp_sgd_release(sigma, q, cfg.l2_clip, steps, name=DP_SGD_STEP))
+    return PrivacySetup(report, float(sigma), counts_rel, start)
+
+
+def _item_start(data: SeqData, cfg: TrainConfig, key: jax.Array, report: accounting.PrivacyReport | None,
+                public_item_counts: np.ndarray | None) -> tr.TransitionModel | None:
+    """item_init="transitions": the transition release the item table starts from, added to `report` (exact
+    when report is None: the NON-PRIVATE reference); its candidates are the top item_init_k of its own
+    popularity release, or of the declared public counts."""
+    if cfg.item_init != "transitions":
+        return None
+    if cfg.item_init_k > data.n_items:
+        raise ValueError(f"item_init_k must be <= the number of items ({data.n_items}), got {cfg.item_init_k}")
+    noise_std = cfg.item_init_noise
+    if report is not None:
+        hist = [] if public_item_counts is not None else [accounting.gaussian_event(tr.HIST_NOISE_MULTIPLIER)]
+        if noise_std is None:
+            noise_std = accounting.calibrate(lambda s: dpe.ComposedDpEvent(hist + [accounting.gaussian_event(s)]),
+                                             ITEM_INIT_EPSILON_SHARE * cfg.epsilon, cfg.delta, bracket=(0.05, 500.0))
+        else:
+            spent = accounting.compute_epsilon(dpe.ComposedDpEvent(
+                [r.composed_event() for r in report.releases] + hist + [accounting.gaussian_event(noise_std)]),
+                cfg.delta)
+            if spent >= cfg.epsilon:
+                raise ValueError(f"the releases before DP-SGD (item table start: item_init_noise={noise_std:g}) "
+                                 f"already spend epsilon={spent:.3g} >= {cfg.epsilon:g}: raise item_init_noise "
+                                 "or epsilon")
+    return tr.release(data, cfg.item_init_k, key, report, noise_std, public_item_counts=public_item_counts)
+
+
+def partial_report(report: accounting.PrivacyReport, steps_done: int, steps: int) -> accounting.PrivacyReport:
+    """The report of a run stopped after `steps_done` of its `steps` planned DP-SGD steps: every release before
+    training as planned, the DP-SGD step (the last release, `privacy_setup`) counted `steps_done` times."""
+    ran = dataclasses.replace(report, releases=list(report.releases[:-1]), assumptions=list(report.assumptions))
+    if steps_done > 0:
+        ran.add_release(dataclasses.replace(report.releases[-1], count=int(steps_done)))
+    ran.assume(f"the run stopped after {steps_done} of its {steps} planned DP-SGD steps: epsilon covers the steps "
+               "that ran (the noise was calibrated for all of them; continuing it spends up to the planned epsilon)")
+    return ran
+
+
+__all__ = ["DP_SGD_STEP", "PrivacySetup", "partial_report", "privacy_setup", "sampling_plan"]
