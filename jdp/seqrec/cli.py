@@ -28,8 +28,9 @@ from jdp.cli_support import (add_data_dir_arguments, add_deprecated_flag, add_se
                              check_flag_privacy, flag_names, move_to_group, no_out_hint, noise_seed, privacy_lines,
                              write_result)
 from jdp.clipping.engine import METHODS as CLIPPING_METHODS
+from jdp.seqrec.config import (DEFAULT_WINDOWS, ITEM_INIT_EPSILON_SHARE, ITEM_INITS, NEGATIVE_SAMPLERS, OPTIMIZERS,
+                                TrainConfig)
 from jdp.seqrec.models import MODELS, NORMS
-from jdp.seqrec.train import DEFAULT_WINDOWS, ITEM_INIT_EPSILON_SHARE, ITEM_INITS, NEGATIVE_SAMPLERS, TrainConfig
 
 
 def register(subparsers) -> None:
@@ -76,6 +77,11 @@ def _add_privacy_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=None, help="peak learning rate; default 1e-3 / 8e-2 with --data synthetic")
     p.add_argument("--weight-decay", type=float, default=1e-5)
     p.add_argument("--warmup-frac", type=float, default=0.2)
+    p.add_argument("--optimizer", default="adamw", choices=list(OPTIMIZERS),
+                   help="after DP-SGD's noisy mean: AdamW (the paper's), adam-bc (DP-AdamBC: Adam's second moment minus "
+                        "the known noise variance) or sgd-momentum (momentum 0.9)")
+    p.add_argument("--adam-bc-gamma", type=float, default=10.0,
+                   help="adam-bc: the floor of its second moment, in units of the noise variance (sigma C / B)^2")
     p.add_argument("--l2-clip", type=float, default=1.0, help="per-user L2 clip norm C")
     add_deprecated_flag(p, "--clip", "--l2-clip")  # its name before this release
     p.add_argument("--normalize", action="store_true",
@@ -176,6 +182,7 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
 DEFAULT_EPSILON = 8.0
 # the library's names of what the flags set (TrainConfig, data.load): its refusals are shown with the flags
 FLAGS = {"epsilon": "--epsilon", "delta": "--delta", "epochs": "--epochs", "lr": "--lr", "l2_clip": "--l2-clip",
+         "optimizer": "--optimizer", "adam_bc_gamma": "--adam-bc-gamma",
          "hist_noise_multiplier": "--hist-noise-multiplier", "weight_decay": "--weight-decay",
          "warmup_frac": "--warmup-frac", "batch_size": "--batch-size", "chunk_rows": "--chunk-rows", "d": "--d",
          "heads": "--heads", "blocks": "--blocks", "maxlen": "--maxlen", "dropout": "--dropout",
@@ -193,7 +200,8 @@ HELP_GROUPS = {
     "privacy": ["epsilon", "non_private", "delta", "l2_clip", "normalize", "hist_noise_multiplier", "seed"],
     "model": ["model", "k", "history", "d", "heads", "blocks", "norm", "ffn_dim", "item_dim", "dropout",
               "item_init", "item_init_k", "item_init_noise", "freeze_item_table", "trainable_items"],
-    "training": ["epochs", "batch_size", "lr", "weight_decay", "warmup_frac", "negatives", "negative_sampler"],
+    "training": ["epochs", "batch_size", "lr", "weight_decay", "warmup_frac", "optimizer", "adam_bc_gamma", "negatives",
+                 "negative_sampler"],
     "evaluation": ["eval_every", "mask_history"],
     "speed and memory (no effect on the results)": ["clipping", "chunk_rows", "length_buckets"],
     "long runs, progress and output": ["checkpoint", "resume", "max_minutes", "max_steps", "time_limit",
@@ -257,7 +265,8 @@ def _train_config(args: argparse.Namespace, maxlen: int) -> TrainConfig:
         raise ValueError(f"--length-buckets must be comma-separated integers, got {buckets!r}") from None
     return TrainConfig(model=args.model, epsilon=_epsilon(args), delta=args.delta,
                        epochs=epochs, batch_size=batch_size, lr=lr, warmup_frac=args.warmup_frac,
-                       weight_decay=args.weight_decay, l2_clip=args.l2_clip, normalize=args.normalize,
+                       weight_decay=args.weight_decay, optimizer=args.optimizer, adam_bc_gamma=args.adam_bc_gamma,
+                       l2_clip=args.l2_clip, normalize=args.normalize,
                        d=args.d if args.d is not None else (32 if synthetic else 64),
                        heads=args.heads, blocks=args.blocks if args.blocks is not None else (1 if synthetic else 2),
                        dropout=dropout, norm=args.norm, ffn_dim=args.ffn_dim, item_dim=args.item_dim,

@@ -19,6 +19,9 @@ ITEM_INITS = ("random", "transitions")
 # item_init="transitions" without a declared noise: the item releases alone would spend this share of ε (a public
 # rule; under RDP composition the DP-SGD steps' σ then grows by ~10% at ε = 8, not by half)
 ITEM_INIT_EPSILON_SHARE = 0.5
+# the optimiser after DP-SGD's noisy mean: AdamW (the paper's), DP-AdamBC (jdp.clipping.dp_adam_bc: Adam's second
+# moment minus the known noise variance) or SGD with momentum 0.9
+OPTIMIZERS = ("adamw", "adam-bc", "sgd-momentum")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +35,8 @@ class TrainConfig:
     lr: float = 1e-3
     warmup_frac: float = 0.2
     weight_decay: float = 1e-5
+    optimizer: str = "adamw"          # one of OPTIMIZERS ("adam-bc" / "sgd-momentum": beyond the paper)
+    adam_bc_gamma: float = 10.0       # DP-AdamBC's floor γ in units of the noise variance (σC/B)² (public)
     l2_clip: float = 1.0
     normalize: bool = False           # normalised clipping g·C/‖g‖ (the paper's choice) instead of min(1, C/‖g‖)
     clipping: str = "auto"            # jdp.clipping method ("vmap": the exact per-example reference)
@@ -75,6 +80,9 @@ class TrainConfig:
         for name in ("epochs", "lr", "l2_clip", "hist_noise_multiplier"):
             check_positive(getattr(self, name), name)
         check_positive(self.weight_decay, "weight_decay", allow_zero=True)
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        check_positive(self.adam_bc_gamma, "adam_bc_gamma")
         check_positive(self.error_scale, "error_scale", allow_zero=True)
         if not 0.0 <= self.warmup_frac < 1.0:
             raise ValueError(f"warmup_frac must be in [0, 1), got {self.warmup_frac}")
@@ -111,4 +119,4 @@ class TrainConfig:
             raise ValueError(f"clipping must be one of {CLIPPING_METHODS}, got {self.clipping!r}")
 
 
-__all__ = ["DEFAULT_WINDOWS", "ITEM_INITS", "ITEM_INIT_EPSILON_SHARE", "NEGATIVE_SAMPLERS", "TrainConfig"]
+__all__ = ["DEFAULT_WINDOWS", "ITEM_INITS", "ITEM_INIT_EPSILON_SHARE", "NEGATIVE_SAMPLERS", "OPTIMIZERS", "TrainConfig"]

@@ -16,6 +16,7 @@ from dp_accounting import dp_event as dpe
 
 from jdp import accounting
 from jdp.clipping.dp_sgd import clipped_accumulate, dp_sgd, dp_sgd_event, poisson_indices
+from jdp.clipping.optimizers import dp_adam_bc, noise_variance
 from jdp.seqrec import reattention as ra
 from jdp.seqrec import transitions as tr
 from jdp.seqrec.batches import check_negatives, negative_probs, step_batches
@@ -143,11 +144,22 @@ def _starting_params(run: Run, initial_params, public_item_counts) -> np.ndarray
     return frozen
 
 
+def optimizer(cfg: TrainConfig, steps: int, noise_var: float) -> optax.GradientTransformation:
+    """`cfg.optimizer` on the noisy mean gradient, whose noise variance per coordinate is `noise_var` = (σC/B)²
+    (public; 0 for the NON-PRIVATE reference), at the warm-up-then-linear-decay schedule; weight decay decoupled."""
+    schedule = lr_schedule(cfg.lr, steps, cfg.warmup_frac)
+    if cfg.optimizer == "adam-bc":
+        return dp_adam_bc(schedule, noise_var, gamma_over_noise=cfg.adam_bc_gamma, weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "sgd-momentum":
+        return optax.chain(optax.add_decayed_weights(cfg.weight_decay), optax.sgd(schedule, momentum=0.9))
+    return optax.adamw(schedule, weight_decay=cfg.weight_decay)
+
+
 def _step_functions(run: Run, loss_fn, frozen) -> None:
     """The optimiser, the DP-SGD step of jdp.clipping (`dp_sgd` at the σ of `privacy_setup`: its accumulate and
     apply) or the NON-PRIVATE reference's, the starting state, and Re-Attention's inputs."""
     cfg, M = run.cfg, run.data.n_items
-    opt = optax.adamw(lr_schedule(cfg.lr, run.steps, cfg.warmup_frac), weight_decay=cfg.weight_decay)
+    opt = optimizer(cfg, run.steps, noise_variance(run.sigma, cfg.l2_clip, cfg.batch_size) if run.private else 0.0)
     if frozen is not None:
         opt = optax.chain(opt, freeze_item_rows(frozen))
     if jnp.issubdtype(run.k_noise.dtype, jax.dtypes.prng_key):

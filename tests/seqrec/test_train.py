@@ -434,3 +434,32 @@ def test_privacy_setup_uses_dp_sgds_calibration_and_report_line():
     assert sigma == jc.calibrate_noise_multiplier(4.0, cfg.delta, q, steps, before=before)
     assert rep.releases[-1] == dp_sgd_release(sigma, q, cfg.l2_clip, steps, name=train.DP_SGD_STEP)
     assert rep.epsilon() == pytest.approx(4.0, abs=1e-3)
+
+
+def test_optimizers_for_dp_noise_get_the_runs_public_noise_variance():
+    """`TrainConfig(optimizer=...)`: DP-AdamBC receives φ = (σC/B)² of the run's calibrated σ (public), SGD with
+    momentum and AdamW need none; the same privacy report whatever the optimiser (post-processing)."""
+    from jdp.clipping import dp_adam_bc, noise_variance
+    from jdp.seqrec import prepare
+    d = _toy()
+    base = dict(model="gru", epsilon=4.0, epochs=1.0, batch_size=16, chunk_rows=256, d=8, lr=1e-2, eval_chunk=32,
+                length_buckets=())
+    runs = {name: train.train(d, train.TrainConfig(optimizer=name, **base), jax.random.key(0), progress=False)
+            for name in ("adamw", "adam-bc", "sgd-momentum")}
+    assert len({r.privacy.epsilon() for r in runs.values()}) == 1
+    assert len({r.noise_multiplier for r in runs.values()}) == 1
+    sigma = runs["adam-bc"].noise_multiplier
+    phi = noise_variance(sigma, 1.0, 16)
+    cfg = train.TrainConfig(optimizer="adam-bc", adam_bc_gamma=3.0, **base)
+    g = {"w": jnp.linspace(-1e-2, 1e-2, 5)}
+    got = prepare.optimizer(cfg, 3, phi)
+    want = dp_adam_bc(prepare.lr_schedule(1e-2, 3, cfg.warmup_frac), phi, gamma_over_noise=3.0, weight_decay=1e-5)
+    s_got, s_want = got.init(g), want.init(g)
+    for _ in range(2):  # the schedule starts at 0: the second step moves
+        u_got, s_got = got.update(g, s_got, g)
+        u_want, s_want = want.update(g, s_want, g)
+    assert np.abs(np.asarray(u_got["w"])).max() > 0
+    np.testing.assert_array_equal(np.asarray(u_got["w"]), np.asarray(u_want["w"]))
+    for bad in ({"optimizer": "lamb"}, {"adam_bc_gamma": 0.0}):
+        with pytest.raises(ValueError, match="optimizer|adam_bc_gamma"):
+            train.TrainConfig(**bad).validate()
