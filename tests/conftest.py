@@ -1,3 +1,4 @@
+import gc
 import os
 import pathlib
 import tempfile
@@ -26,6 +27,33 @@ import jax  # noqa: E402  (after the environment above, which jax reads when it 
 _COMPILE_CACHE = tempfile.TemporaryDirectory(prefix="jdp-test-xla-")
 jax.config.update("jax_compilation_cache_dir", _COMPILE_CACHE.name)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+# Each compiled CPU program holds three memory mappings (code, constants, data) per object XLA emits for it (6 for a
+# tiny program), for as long as its jitted function lives, and JAX keeps a module-level function's programs (up to
+# 8,192 per cache). Linux caps a process at vm.max_map_count mappings (65,530 by default): the whole default suite
+# in one process (no xdist; a long notebook alike) reached it at about 70% of the tests, and XLA then failed to map
+# a new program ("LLVM compilation error: Cannot allocate memory") and crashed the process with a segmentation fault
+# instead of raising, compiling it or serializing it for the cache above (issue 74; docs/performance.md: the repro,
+# and what a user does about it). So past half the limit, each test file ends by dropping every compiled program
+# (later files compile theirs again, or load them from the cache above). xdist workers, each running a quarter of
+# the files, seldom get there (the one-process run: `make test-one-process`).
+def _memory_mappings() -> tuple[int, int] | None:
+    """(mappings this process holds, the kernel's limit), or None where /proc does not tell (not Linux)."""
+    try:
+        with open("/proc/self/maps", "rb") as maps, open("/proc/sys/vm/max_map_count") as limit:
+            return sum(1 for _ in maps), int(limit.read())
+    except (OSError, ValueError):
+        return None
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _drop_compiled_programs_near_the_mapping_limit():
+    yield
+    usage = _memory_mappings()
+    if usage is not None and usage[0] > usage[1] // 2:
+        jax.clear_caches()
+        gc.collect()
 
 
 def pytest_collection_modifyitems(config, items):
