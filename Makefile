@@ -25,6 +25,11 @@ test: $(VENV)/.installed
 test-slow: $(VENV)/.installed
 	$(PY) -m pytest -q -m slow -p no:cacheprovider --durations=15 $(TEST_WORKERS)
 
+# the default suite in ONE process (no xdist), as a long notebook runs: compiled programs pile up in it (issue 74:
+# XLA's CPU compiler crashed at Linux's limit on memory mappings; see tests/conftest.py); CI runs it last
+test-one-process: $(VENV)/.installed
+	$(PY) -X faulthandler -m pytest -q -m "not slow" -p no:cacheprovider -p no:xdist --durations=10
+
 test-all: $(VENV)/.installed
 	$(PY) -m pytest -q -p no:cacheprovider $(TEST_WORKERS)
 
@@ -42,4 +47,4 @@ wheel:
 	$(PYTHON) -m pip wheel --no-deps --wheel-dir $(WHEEL_DIR) .
 	@ls -1 $(WHEEL_DIR)/jdp_privacy-*.whl
 
-.PHONY: install demo test test-slow test-all test-gpu wheel
+.PHONY: install demo test test-slow test-one-process test-all test-gpu wheel
