@@ -104,7 +104,8 @@ def _gather_cols(L, ids):
 # summed vector, ≤ ‖exact‖ + γ S, stays within the clip bound.
 U32 = 2.0 ** -24
 # the roundings of forming the bound itself, besides the sums over leaves (a square root, an addition, the
-# products by the constants below): a relative slack above their count times u (`engine._finish` adds γ_leaves)
+# products by the constants below): a relative slack above their count times u (`bookkeeping._clip_factors` adds
+# γ_leaves)
 BOUND_SLACK = 1.0 + 16 * U32
 # a product or sum that underflows is flushed to 0 (XLA's CPU backend flushes denormals): an absolute error of at
 # most 2^-126 per operation, far below this floor for any shape that fits in memory

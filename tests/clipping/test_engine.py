@@ -531,7 +531,7 @@ def test_packed_cell_kernels_instantiated_from_one_product_are_exact(monkeypatch
     """OptimizedLSTMCell's gate kernels, packed side by side, tapped in the scan over 6 steps (forced: the size
     rule sends kernels this small to the fallback): the input-side
     kernels are cheap enough to instantiate, so that packed matrix's per-example gradients are formed once and
-    sliced per kernel (`engine._raw_contribs`), the hidden-side ones are ghosted per kernel. Exact against
+    sliced per kernel (`factored._raw_contribs`), the hidden-side ones are ghosted per kernel. Exact against
     vmap(grad) for auto and ghost."""
     from jdp.clipping import engine, taps
     monkeypatch.setattr(taps, "_scan_leaves_cheaper_whole", lambda raw, leaves: set())  # tapped, not whole

@@ -10,7 +10,7 @@ import optax
 import pytest
 
 import jdp.clipping as jc
-from jdp.clipping import engine
+from jdp.clipping import engine, mixing
 
 
 class Net(nn.Module):
@@ -119,12 +119,12 @@ def test_batchnorm_keeps_its_own_message():
 
 def test_the_check_runs_once_per_function_and_structure(monkeypatch):
     calls = []
-    real = engine._mixing_losses
+    real = mixing._mixing_losses
 
     def counting(*args):
         calls.append(1)
         return real(*args)
-    monkeypatch.setattr(engine, "_mixing_losses", counting)
+    monkeypatch.setattr(mixing, "_mixing_losses", counting)  # the check lives in jdp.clipping.mixing
     loss_fn, params, batch = _setup("none")
     cg = jc.clipped_grad(loss_fn, params, batch, l2_clip=1.0, method="vmap")
     assert np.all(np.isfinite(np.asarray(cg.norms)))
