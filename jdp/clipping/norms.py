@@ -17,7 +17,9 @@ weighted for the clipped sum (no second O(T P Q) product).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -265,107 +267,156 @@ def _gram(X: jax.Array, zeroed: bool = True) -> jax.Array:
     return jnp.einsum("bpt,bpu->btu", Xt, Xt)
 
 
+class _Lookups(NamedTuple):
+    """A leaf's lookup sites concatenated over sites, as `sq_norms_diag`'s terms read them."""
+    ids: jax.Array      # [B, Tl]
+    R: jax.Array        # [B, Tl, Q] output gradients
+    S: jax.Array        # [B] ≥ Σ_t ‖R_t‖ (`row_norm_sums`, raised by its γ)
+    T: int              # Tl
+
+
+def _lookup_terms(c: LeafContribs, acc) -> tuple[tuple, _Lookups]:
+    """`sq_norms_diag`'s lookup terms added to acc = (n2, err2, lin), and the lookups concatenated."""
+    n2, err2, lin = acc
+    ids = _cat([i for i, _ in c.lookups])
+    R_l = _cat([r for _, r in c.lookups])
+    Tl = ids.shape[1]
+    s_l, n_l = lookup_sq_norms(ids, R_l)
+    S_l, n_s = row_norm_sums(R_l)
+    S_l = S_l * (1.0 + gamma(n_s))
+    n2 = n2 + s_l
+    err2 = err2 + 2.0 * gamma(n_l) * s_l
+    # the row sums as computed vs exact (segment sums) and the scatter-add of `clipped_sum`: ≤ γ_{T+2} S_l each
+    lin = lin + 2.0 * gamma(Tl + 2 + len(c.lookups)) * S_l
+    return (n2, err2, lin), _Lookups(ids, R_l, S_l, Tl)
+
+
+def _ghost_terms(c: LeafContribs, acc, P: int, Q: int, zeroed: bool, lk: _Lookups | None) -> tuple:
+    """`sq_norms_diag`'s ghosted mats (all sites concatenated on T, cross-site terms exact) added to
+    acc = (n2, err2, lin); with lookups `lk` of the same leaf, the Phantom cross term too."""
+    n2, err2, lin = acc
+    L = _cat([l for l, _ in c.mats])
+    R = _cat([r for _, r in c.mats])
+    Tm = L.shape[1]
+    gl, gr = _gram(L, zeroed), _gram(R, zeroed)
+    n2 = n2 + _tree_sum(jnp.sum(gl * gr, axis=2))
+    # S_m from the Grams' diagonals: each ‖L_t‖² is off by a relative γ_P, so ‖L_t‖ by less than γ_P
+    dl, dr = jnp.diagonal(gl, axis1=1, axis2=2), jnp.diagonal(gr, axis1=1, axis2=2)
+    S_m = jnp.sum(jnp.sqrt(jnp.maximum(dl, 0.0)) * jnp.sqrt(jnp.maximum(dr, 0.0)), axis=1)
+    S_m = S_m * (1.0 + gamma(P + Q + Tm + 6))
+    err2 = err2 + gamma(P + Q + Tm + _depth(Tm) + 4) * S_m * S_m
+    # book-keeping's GEMM adds the example's Tm products (and a weight, and one add per site): ≤ γ S_m
+    lin = lin + gamma(Tm + 2 + len(c.mats)) * S_m
+    if lk is not None:
+        cols = _gather_cols(L, lk.ids)                               # [B, Tm, Tl] = L[b, u, ids[b, t]]
+        M = jnp.einsum("btq,buq->btu", lk.R, R)                      # [B, Tl, Tm], each off by γ_Q
+        n2 = n2 + 2.0 * _tree_sum(jnp.sum(jnp.swapaxes(cols, 1, 2) * M, axis=2))
+        # |L[u, id]| ≤ ‖L_u‖: off by ≤ γ_{Q+Tm+log Tl+2} S_l S_m; the row sums' own error (≤ γ_T S_l against
+        # ‖U_m‖ ≤ S_m) enters the cross term of the computed sums: 2 (β + γ_T) S_l S_m
+        err2 = err2 + 2.0 * (gamma(Q + Tm + _depth(lk.T) + 3) + gamma(lk.T + 1)) * lk.S * S_m
+    return n2, err2, lin
+
+
+def _instantiate(mats, insts, P: int, Q: int):
+    """Uᵀ [b, Q, P] of the mats and insts: with P >= Q (e.g. vocab x dim) the large factor stays the GEMM's
+    right operand in its stored layout (no transposed copy of the logit gradients)."""
+    Ut = 0.0
+    for L, R in mats:
+        Ut = Ut + jnp.einsum("btq,btp->bqp", R, L)
+    for u in insts:
+        Ut = Ut + jnp.swapaxes(u.reshape(u.shape[0], P, Q), 1, 2)
+    return Ut
+
+
+def _inst_sq_and_cross(args, P: int, Q: int, Ut=None) -> tuple[jax.Array, jax.Array]:
+    """(‖U_b‖² as computed, the Phantom cross term 2 Σ_t ⟨U_b[ids_t], R_t⟩, or 0 without lookups) [b] of
+    args = (mats, insts, (ids, R) of the lookups or None), from Uᵀ when given (else formed here)."""
+    mats, insts, lk = args
+    Ut = _instantiate(mats, insts, P, Q) if Ut is None else Ut
+    sq, _ = sum_nonneg(Ut * Ut)
+    cross = jnp.zeros_like(sq)
+    if lk is not None:
+        lids, lR = lk
+        idx = jnp.broadcast_to(lids[:, None, :], (lids.shape[0], Q, lids.shape[1]))
+        rows = jnp.take_along_axis(Ut, idx, axis=2)                  # [b, Q, Tl]
+        cross = 2.0 * _tree_sum(jnp.sum(rows * jnp.swapaxes(lR, 1, 2), axis=1))
+    return sq, cross
+
+
+def _chunked_sq_and_cross(args, B: int, chunk: int, P: int, Q: int) -> tuple[jax.Array, jax.Array]:
+    """`_inst_sq_and_cross` over chunks of `chunk` examples (`lax.map`, the last one zero-padded): [B] each."""
+    nb = -(-B // chunk)
+    pad = nb * chunk - B
+
+    def split(x):
+        x = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1))
+        return x.reshape((nb, chunk) + x.shape[1:])
+
+    one = functools.partial(_inst_sq_and_cross, P=P, Q=Q)
+    return jax.tree.map(lambda x: x.reshape(-1)[:B], jax.lax.map(one, jax.tree.map(split, args)))
+
+
+def _mats_row_norm_sums(c: LeafContribs, B: int) -> tuple[jax.Array, int]:
+    """(Σ over the mats of S = Σ_t ‖L_t‖·‖R_t‖ [B], the largest n of their γ_n) (`row_norm_sums`)."""
+    S_m, n_s = jnp.zeros((B,), jnp.float32), 0
+    for L, R in c.mats:
+        s, n = row_norm_sums(L, R)
+        S_m, n_s = S_m + s, max(n_s, n)
+    return S_m, n_s
+
+
+def _instantiated_terms(c: LeafContribs, acc, B: int, P: int, Q: int, memory_limit: int,
+                        lk: _Lookups | None) -> tuple:
+    """`sq_norms_diag`'s instantiated part (the mats when the mixed rule instantiates them, and the insts) added to
+    acc = (n2, err2, lin): U formed in chunks under memory_limit (in one piece it is kept in `c.dense` for
+    `clipped_sum`); with lookups `lk` of the same leaf, the Phantom cross term against U."""
+    n2, err2, lin = acc
+    chunk = _chunk_size(B, P, Q, memory_limit)
+    args = (list(c.mats), list(c.insts), None if lk is None else (lk.ids, lk.R))
+    n_sq = _block(P * Q) + _depth(P * Q // _block(P * Q)) + 1
+    if chunk >= B:  # in one piece: kept for `clipped_sum`, which then adds exactly this U
+        Ut = _instantiate(c.mats, c.insts, P, Q)
+        if c.mats:
+            c.dense = Ut
+        sq, cross = _inst_sq_and_cross(args, P, Q, Ut)
+    else:
+        sq, cross = _chunked_sq_and_cross(args, B, chunk, P, Q)
+        if c.mats:
+            # the norm is of U as formed here, the sum is book-keeping's GEMM over the factors: both within
+            # γ_{T+2} S_m of the exact gradient (S_m from the factors' rows: one more pass over them)
+            S_m, n_s = _mats_row_norm_sums(c, B)
+            Tm = sum(L.shape[1] for L, _ in c.mats)
+            lin = lin + 2.0 * gamma(Tm + 2 + len(c.mats)) * S_m * (1.0 + gamma(n_s + len(c.mats)))
+    n2 = n2 + sq + cross
+    err2 = err2 + gamma(n_sq) * sq
+    if lk is not None:
+        # the cross term: off by ≤ γ_{Q+log Tl+2} ‖U‖ S_l, and the row sums' error (≤ γ_T S_l) against ‖U‖
+        norm_u = jnp.sqrt(sq * (1.0 + gamma(n_sq)))
+        err2 = err2 + 2.0 * (gamma(Q + _depth(lk.T) + 3) + gamma(lk.T + 1)) * norm_u * lk.S
+    return n2, err2, lin
+
+
 def sq_norms_diag(c: LeafContribs, method: str, memory_limit: int, zeroed: bool = True
                   ) -> tuple[jax.Array, jax.Array]:
     """Certified bounds (q [B], lin [B]) on one leaf's per-example gradient: the vector `clipped_sum` adds for
     example b (weight 1) has norm ≤ √q_b + lin_b (see the floating-point notes above; `zeroed`: see `_gram`).
+    Its terms, each with its error bound: `_lookup_terms`, `_ghost_terms`, `_instantiated_terms`.
 
     Every term is a sum of products of factor values, so a NaN or inf in any factor of an example makes its
     q (or lin) NaN or inf (0 * inf is NaN too): finite bounds prove finite factors (`engine._clip_batch`)."""
     B = next(x.shape[0] for x in ([L for L, _ in c.mats] + [R for _, R in c.lookups] + c.insts))
     zero = jnp.zeros((B,), jnp.float32)
-    n2, err2, lin = zero, zero, zero          # computed ‖·‖², its absolute error bound, linear terms
+    acc = (zero, zero, zero)          # (computed ‖·‖², its absolute error bound, linear terms)
     inst_mat = choose_instantiate(c, method)
     P, Q = c.pq if c.pq is not None else (1, int(math.prod(c.shape)))
-    R_l = ids = S_l = None
+    lk = None
     if c.lookups:
-        ids = _cat([i for i, _ in c.lookups])
-        R_l = _cat([r for _, r in c.lookups])
-        Tl = ids.shape[1]
-        s_l, n_l = lookup_sq_norms(ids, R_l)
-        S_l, n_s = row_norm_sums(R_l)
-        S_l = S_l * (1.0 + gamma(n_s))
-        n2 = n2 + s_l
-        err2 = err2 + 2.0 * gamma(n_l) * s_l
-        # the row sums as computed vs exact (segment sums) and the scatter-add of `clipped_sum`: ≤ γ_{T+2} S_l each
-        lin = lin + 2.0 * gamma(Tl + 2 + len(c.lookups)) * S_l
+        acc, lk = _lookup_terms(c, acc)
     if c.mats and not inst_mat:
-        L = _cat([l for l, _ in c.mats])
-        R = _cat([r for _, r in c.mats])
-        Tm = L.shape[1]
-        gl, gr = _gram(L, zeroed), _gram(R, zeroed)
-        n2 = n2 + _tree_sum(jnp.sum(gl * gr, axis=2))
-        # S_m from the Grams' diagonals: each ‖L_t‖² is off by a relative γ_P, so ‖L_t‖ by less than γ_P
-        dl, dr = jnp.diagonal(gl, axis1=1, axis2=2), jnp.diagonal(gr, axis1=1, axis2=2)
-        S_m = jnp.sum(jnp.sqrt(jnp.maximum(dl, 0.0)) * jnp.sqrt(jnp.maximum(dr, 0.0)), axis=1)
-        S_m = S_m * (1.0 + gamma(P + Q + Tm + 6))
-        err2 = err2 + gamma(P + Q + Tm + _depth(Tm) + 4) * S_m * S_m
-        # book-keeping's GEMM adds the example's Tm products (and a weight, and one add per site): ≤ γ S_m
-        lin = lin + gamma(Tm + 2 + len(c.mats)) * S_m
-        if c.lookups:
-            cols = _gather_cols(L, ids)                                  # [B, Tm, Tl] = L[b, u, ids[b, t]]
-            M = jnp.einsum("btq,buq->btu", R_l, R)                       # [B, Tl, Tm], each off by γ_Q
-            n2 = n2 + 2.0 * _tree_sum(jnp.sum(jnp.swapaxes(cols, 1, 2) * M, axis=2))
-            # |L[u, id]| ≤ ‖L_u‖: off by ≤ γ_{Q+Tm+log Tl+2} S_l S_m; the row sums' own error (≤ γ_T S_l against
-            # ‖U_m‖ ≤ S_m) enters the cross term of the computed sums: 2 (β + γ_T) S_l S_m
-            err2 = err2 + 2.0 * (gamma(Q + Tm + _depth(Tl) + 3) + gamma(Tl + 1)) * S_l * S_m
+        acc = _ghost_terms(c, acc, P, Q, zeroed, lk)
     if inst_mat or c.insts:
-        chunk = _chunk_size(B, P, Q, memory_limit)
-
-        def instantiated(mats, insts):
-            # U^T [b, Q, P]: with P >= Q (e.g. vocab x dim) the large factor stays the GEMM's
-            # right operand in its stored layout (no transposed copy of the logit gradients).
-            Ut = 0.0
-            for L, R in mats:
-                Ut = Ut + jnp.einsum("btq,btp->bqp", R, L)
-            for u in insts:
-                Ut = Ut + jnp.swapaxes(u.reshape(u.shape[0], P, Q), 1, 2)
-            return Ut
-
-        def one(args, Ut=None):
-            mats, insts, lk = args
-            Ut = instantiated(mats, insts) if Ut is None else Ut
-            sq, _ = sum_nonneg(Ut * Ut)
-            cross = jnp.zeros_like(sq)
-            if lk is not None:
-                lids, lR = lk
-                idx = jnp.broadcast_to(lids[:, None, :], (lids.shape[0], Q, lids.shape[1]))
-                rows = jnp.take_along_axis(Ut, idx, axis=2)                  # [b, Q, Tl]
-                cross = 2.0 * _tree_sum(jnp.sum(rows * jnp.swapaxes(lR, 1, 2), axis=1))
-            return sq, cross
-
-        lk = (ids, R_l) if c.lookups else None
-        args = (list(c.mats), list(c.insts), lk)
-        n_sq = _block(P * Q) + _depth(P * Q // _block(P * Q)) + 1
-        if chunk >= B:  # in one piece: kept for `clipped_sum`, which then adds exactly this U
-            Ut = instantiated(c.mats, c.insts)
-            if c.mats:
-                c.dense = Ut
-            sq, cross = one(args, Ut)
-        else:
-            nb = -(-B // chunk)
-            pad = nb * chunk - B
-
-            def split(x):
-                x = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1))
-                return x.reshape((nb, chunk) + x.shape[1:])
-
-            sq, cross = jax.tree.map(lambda x: x.reshape(-1)[:B], jax.lax.map(one, jax.tree.map(split, args)))
-            if c.mats:
-                # the norm is of U as formed here, the sum is book-keeping's GEMM over the factors: both within
-                # γ_{T+2} S_m of the exact gradient (S_m from the factors' rows: one more pass over them)
-                S_m, n_s = zero, 0
-                for L, R in c.mats:
-                    s, n = row_norm_sums(L, R)
-                    S_m, n_s = S_m + s, max(n_s, n)
-                Tm = sum(L.shape[1] for L, _ in c.mats)
-                lin = lin + 2.0 * gamma(Tm + 2 + len(c.mats)) * S_m * (1.0 + gamma(n_s + len(c.mats)))
-        n2 = n2 + sq + cross
-        err2 = err2 + gamma(n_sq) * sq
-        if c.lookups:
-            # the cross term: off by ≤ γ_{Q+log Tl+2} ‖U‖ S_l, and the row sums' error (≤ γ_T S_l) against ‖U‖
-            norm_u = jnp.sqrt(sq * (1.0 + gamma(n_sq)))
-            err2 = err2 + 2.0 * (gamma(Q + _depth(Tl) + 3) + gamma(Tl + 1)) * norm_u * S_l
+        acc = _instantiated_terms(c, acc, B, P, Q, memory_limit, lk)
+    n2, err2, lin = acc
     if not _FP_BOUND:   # the uncertified norm, for tests of the attack this bound defeats
         return n2, zero
     return jnp.maximum(n2, 0.0) + err2, lin
@@ -384,10 +435,7 @@ def sq_norms_pairs(c: LeafContribs, method: str) -> tuple[jax.Array, jax.Array, 
     T_all = sum(L.shape[1] for L, _ in c.mats)
     if c.mats:
         # book-keeping's GEMM adds a unit's products (at most B·T of them) in any order
-        S_m, n_s = jnp.zeros((B,), jnp.float32), 0
-        for L, R in c.mats:
-            s, n = row_norm_sums(L, R)
-            S_m, n_s = S_m + s, max(n_s, n)
+        S_m, n_s = _mats_row_norm_sums(c, B)
         S_m = S_m * (1.0 + gamma(n_s + len(c.mats)))
         lin = lin + gamma(B * T_all + 2 + len(c.mats)) * S_m
     if inst_mat or c.insts:
