@@ -44,6 +44,7 @@ def test_guide_has_the_common_sections_in_order(name):
         "the privacy section links the cross-package index docs/privacy.md"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in GUIDES])
 def test_minimal_example_runs(name, capsys):
     code = minimal_example((DOCS / f"{name}.md").read_text())

@@ -18,6 +18,7 @@ def small():
     return data, split_ratings(data, (0.8, 0.1, 0.1), seed=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method,names", [
     ("dpals-uniform", ["global mean (sum)", "global mean (count)", "item update (SSP) A (Gram)", "item update (SSP) b (rhs)"]),
     ("ada-dpals", ["global mean (sum)", "global mean (count)", "item counts", "item update (SSP) A (Gram)",
@@ -207,6 +208,7 @@ def test_sharded_item_update_equals_unsharded(small):
     np.testing.assert_allclose(v1, v4, rtol=2e-4, atol=2e-5)
 
 
+@pytest.mark.slow
 def test_quality_ordering_on_small_data(small):
     data, _ = small
     als = rating_experiment(data, AltMinConfig(method="als", dim=4, steps=6, show_progress=False))["metrics"]
@@ -243,6 +245,7 @@ def test_invalid_inputs(small):
     assert AltMinConfig(method="als").resolve().label_norm is None
 
 
+@pytest.mark.slow
 def test_cli_writes_json(tmp_path):
     from jdp.cli import main
     out = tmp_path / "r.json"
@@ -320,6 +323,7 @@ def test_popularity_prior_mean_follows_the_log_count_and_does_not_extrapolate_fa
         AltMinConfig(item_bias_mean="line").resolve()
 
 
+@pytest.mark.slow
 def test_tiny_epsilon_stays_at_the_zero_cost_model():
     """Graceful degradation at the worst ε: at ε = 0.05 the SSP methods' item biases must shrink to 0, so the model
     is no worse than the zero-cost one (prior + each user's own bias). A ridge that plugs the released noisy count in
@@ -334,6 +338,7 @@ def test_tiny_epsilon_stays_at_the_zero_cost_model():
         assert rmse <= zero + 5e-4, (method, rmse, zero)
 
 
+@pytest.mark.slow
 def test_light_users_do_not_get_a_rank_the_noise_cannot_carry():
     """Graceful degradation on small data with light users (400 users × 80 items × 20 ratings, k = 100): the rank
     rule's optimistic per-item signal (every user spends k) gave rank 4 at ε = 5 and lost to the zero-cost model
@@ -353,6 +358,7 @@ def test_light_users_do_not_get_a_rank_the_noise_cannot_carry():
     assert row["config"]["dim"] == 4 and row["metrics"]["rmse_test"] < row["metrics"]["rmse_zero_cost_test"] - 0.03
 
 
+@pytest.mark.slow
 def test_training_and_predictions_share_one_user_solve_program_per_layout():
     """Training's user solves (a_u held at 1 by a zero scale column) and the predictions' (a_u solved) run one
     compiled class-layout solve per ratings layout: a first run pays one user-side compilation per layout, not two."""
@@ -369,6 +375,7 @@ def test_training_and_predictions_share_one_user_solve_program_per_layout():
     assert _solve_tasks._cache_size() == compiled + 1
 
 
+@pytest.mark.slow
 def test_narrow_user_designs_are_solved_from_segment_sums_with_the_same_solutions(monkeypatch):
     """Rank 0 and 1 (design [v, a_u's column, 1] of ≤ SMALL_SOLVE_FEATURES columns) skip the class layout: the
     segment-sum solves equal the class-layout ones, compile no `solve_tasks` program, and the zero-cost model's

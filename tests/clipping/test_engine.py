@@ -209,6 +209,7 @@ def test_untied_transformer_two_pass():
     check(run(loss_fn, params, batch, l2_clip=C, method="ghost-two-pass"), ref_sum, ref_norms)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cell,scan,fallback", [
     ("gru", True, True), pytest.param("lstm", True, True, marks=pytest.mark.slow), ("gru", False, False)])
 def test_recurrent(cell, scan, fallback):
@@ -270,6 +271,7 @@ class TiedAutoencoder(nn.Module):
         return z @ w.T + 0.1 * jnp.einsum("pq,bq->bp", w, z ** 2)   # second product: the kernel as lhs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model,make", [
     (HandTiedLM(), lambda: seq_batch(5, 6, 20, seed=3)),
     (TiedAutoencoder(), lambda: {"x": jax.random.normal(jax.random.PRNGKey(5), (6, 7))}),
@@ -332,6 +334,7 @@ def test_normalized_and_per_layer_clipping():
     np.testing.assert_allclose(cg.sensitivity, np.sqrt(1 + 0.25 + 0.0625), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_the_sensitivity_is_derived_once_whatever_the_path():
     # whole batch, a loop over chunks, group_ids units and per-layer groups: ClippedGrad.sensitivity_of each time
     model = MLP()
@@ -472,6 +475,7 @@ class RNNClassifier(nn.Module):
         return nn.Dense(3)(h[:, -1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cell,reverse", [("lstm", False), ("optimized-lstm", False), ("gru", True),
                                           ("simple", False)])
 def test_rnn_cell_kernels_are_tapped_inside_the_scan(cell, reverse):

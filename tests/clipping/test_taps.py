@@ -40,6 +40,7 @@ class Causal1D(nn.Module):
         return nn.Dense(3)(h.mean(1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model,shape,methods,groups", [
     (MnistCNN(), (5, 12, 12, 1), ("auto",), False),
     (ResBlocks(), (5, 8, 8, 3), ("auto",), True),
@@ -73,6 +74,7 @@ class BNNet(nn.Module):
         return nn.Dense(3)(nn.BatchNorm(use_running_average=not self.train)(nn.Dense(4)(x)))
 
 
+@pytest.mark.slow
 def test_batchnorm_in_training_mode_is_refused_frozen_statistics_are_not():
     x = jax.random.normal(jax.random.PRNGKey(0), (4, 5))
     batch = {"x": x, "y": jnp.array([0, 1, 2, 0])}
@@ -99,6 +101,7 @@ class DropNet(nn.Module):
         return nn.Dense(3)(nn.Dropout(0.5, deterministic=False)(nn.Dense(8)(x)))
 
 
+@pytest.mark.slow
 def test_a_dropout_key_shared_by_all_examples_warns_a_per_example_key_does_not():
     import warnings
     from jdp.clipping.taps import SharedRandomnessWarning
@@ -143,6 +146,7 @@ def test_sliced_conv_patches_equal_the_layers_own(kw):
     np.testing.assert_array_equal(np.asarray(conv_patches(conv, x)), np.asarray(patches_by_layer(conv, x)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kw", [dict(strides=2, feature_group_count=2), dict(padding="CIRCULAR", kernel_dilation=2),
                                 dict(padding=((1, 0),), input_dilation=2)])
 def test_conv_kernel_grads_equal_per_example_gradients_of_the_layer(kw):
@@ -160,6 +164,7 @@ def test_conv_kernel_grads_equal_per_example_gradients_of_the_layer(kw):
         np.testing.assert_allclose(np.asarray(got[b]), np.asarray(want).reshape(-1), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kw,shape", [
     (dict(), (3, 9, 8, 4)), (dict(padding="VALID", strides=(2, 3)), (3, 9, 8, 4)),
     (dict(kernel_dilation=(2, 1), strides=2), (3, 9, 8, 4)), (dict(padding=((1, 2), (0, 3)), strides=2), (3, 9, 8, 4)),
@@ -191,6 +196,7 @@ def test_conv_input_grad_leaves_other_convolutions_to_autodiff():
     assert _input_grad_geometry(nn.Conv(6, (3, 3)), k, x[0]) is None            # no batch axis
 
 
+@pytest.mark.slow
 def test_conv_read_mask_is_where_the_patches_read_the_input():
     """`conv_read_mask` marks exactly the input positions `conv_patches` gathers (the gradient of the
     patches' sum is nonzero there), for strides, dilation, VALID / SAME / explicit padding, 1-D and 2-D."""
@@ -243,6 +249,7 @@ class _SideReads(nn.Module):
         return nn.Dense(3, name="out")(h)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("side, tapped", [("stop", True), ("dead", True), ("live", False)])
 def test_a_kernel_read_only_under_stop_gradient_or_by_dead_code_is_tapped_and_exact(side, tapped):
     # a read whose derivative is zero cannot change a per-example gradient, so the layer's site covers the kernel;

@@ -133,6 +133,7 @@ def test_ssp_sharded_equals_unsharded_and_recovers_tasks():
     assert rep.releases[0].noise_scale == pytest.approx(0.5 * np.sqrt(10.0))
 
 
+@pytest.mark.slow
 @pytest.mark.multi_device
 def test_prior_mean_of_the_last_coordinate_centres_the_ridge_on_the_same_release():
     """`prior_last`: exact statistics give (A + λI)θ = b + λ·t·e (e the constant last feature), on one device and

@@ -126,12 +126,14 @@ def test_dp_sgd_many_run_gradient_canary_audit_stays_below_reported_epsilon():
     assert 0.3 < a.epsilon_lower_bound <= a.reported_epsilon
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("canary", ["gradient", "input"])
 def test_dp_sgd_audit_catches_clipping_turned_off(canary):
     a = audit_dp_sgd(jax.random.key(1), CFG, seed=0, canary=canary, canaries=1000, variant="no-clip")
     assert a.violated and a.epsilon_lower_bound > 1.5 * a.reported_epsilon
 
 
+@pytest.mark.slow
 def test_dp_sgd_audit_catches_half_the_noise():
     """σ/2 while the report states ε at σ (true ε ≈ 4.4 at ε = 2): 150,000 runs with and without one gradient
     canary."""
@@ -139,6 +141,7 @@ def test_dp_sgd_audit_catches_half_the_noise():
     assert a.violated, a.to_dict()
 
 
+@pytest.mark.slow
 def test_dp_sgd_audit_of_the_crafted_cancellation_canary():
     """The crafted example (float32 cancellation of a ghost norm) against the engine: with its floating-point
     bound the audit stays below ε; with the old norm computation (`_FP_BOUND = False`) it is caught."""
@@ -208,6 +211,7 @@ def test_altmin_canary_audit_stays_below_reported_epsilon(method):
     assert 0.0 <= a.epsilon_lower_bound <= a.reported_epsilon, a.to_dict()
 
 
+@pytest.mark.slow
 def test_altmin_canary_audit_catches_a_fit_without_noise():
     a = audit_altmin(AltMinConfig(method="ada-dpals", **ALT), canaries=400, variant="no-noise", seed=0)
     assert a.violated and a.epsilon_lower_bound > 1.5 * a.reported_epsilon, a.to_dict()

@@ -509,6 +509,7 @@ class ConvNet(nn.Module):
         return jnp.sum(h.mean((1, 2)) ** 2, -1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method,groups,size", [("auto", 1, 8), ("auto", 2, 8), ("auto", 1, 34), ("ghost", 1, 8),
                                                ("vmap", 1, 8)])
 def test_conv_examples_with_nonfinite_inputs_are_dropped_exactly_where_the_layer_reads_them(method, groups, size,

@@ -15,6 +15,7 @@ ALL = sorted(S.PRIVATE_MECHANISMS) + ["rnmh-nonprivate"]
 
 # ----------------------------------------------------------------------------------------------------
 # Item 4: a common offset per row changes nothing; unresolvable ranges and non-finite inputs are rejected
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ALL)
 def test_outputs_and_probabilities_invariant_to_a_common_offset(name):
     """Audit item 4: with the same key, select returns the same indices with and without an offset of
@@ -204,6 +205,7 @@ def test_laplace_rnm_probabilities_on_the_panel_below_the_runner_up():
             np.testing.assert_allclose(p, _noisy_max_quad(q, 1.0, "laplace", range(k)), atol=1e-9, rtol=1e-7)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ALL)
 def test_probabilities_match_independent_references(name):
     """Audit item 10: a random family (k 2..10, spreads 1e-3..1e3, heterogeneous Δ, monotone on/off)

@@ -44,6 +44,7 @@ def _assert_equals_naive_clipping(loss_fn, params, batch, method, clip=0.05):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method,norm", [("auto", "pre"), ("auto", "post"),
                                          pytest.param("vmap", "pre", marks=pytest.mark.slow)])
 def test_library_clipping_on_dpformer_equals_naive_per_example_clipping(method, norm):
@@ -58,6 +59,7 @@ def test_library_clipping_on_dpformer_equals_naive_per_example_clipping(method, 
     _assert_equals_naive_clipping(models.make_loss_fn(model, reatt, deterministic=True), params, batch, method)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["auto", "ghost"])
 def test_a_frozen_item_table_is_clipped_like_naive_per_example_clipping_and_gets_no_gradient(method):
     # freeze_item_table: the tied table is read under stop_gradient by the input lookup and the output layer
@@ -74,6 +76,7 @@ def test_a_frozen_item_table_is_clipped_like_naive_per_example_clipping_and_gets
     assert jc.explain(loss_fn, params, batch)[-1]["fallback"] == []  # everything else is tapped
 
 
+@pytest.mark.slow
 def test_library_clipping_on_a_factorised_item_table_equals_naive_per_example_clipping():
     # item_dim < d: a [M+1, r] table read by the input lookup and the tied output, with r→d and d→r projections
     d = _toy()
