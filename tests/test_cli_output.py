@@ -161,6 +161,7 @@ def test_seqrec_budget_stops_at_an_epoch_boundary():
     assert budget_says_stop(13.6, 7, 4, steps + [1.0] * 3, budget_s=13.5)  # the budget is spent (estimate wrong)
 
 
+@pytest.mark.slow
 def test_seqrec_max_minutes_checkpoints_reports_the_steps_that_ran_and_resumes(tmp_path, capsys):
     """--max-minutes needs --checkpoint (refused before any work); a run out of time stops, writes the
     checkpoint, says where it stopped, and its privacy report covers the steps that ran, not the plan; --resume

@@ -87,6 +87,7 @@ def test_calibration_uses_bisection_on_the_whole_event():
     assert compute_epsilon(ev, 1e-5) == pytest.approx(1.0, rel=1e-3) and with_size.training > sigma
 
 
+@pytest.mark.slow
 def test_default_dim_depends_on_public_sizes_and_noise_only(small):
     # more noise or fewer users per item never give a larger rank; at most 32, 0 (biases only) when one
     # direction's signal-to-noise ratio x is below 1
@@ -114,6 +115,7 @@ def test_default_dim_depends_on_public_sizes_and_noise_only(small):
         AltMinConfig(method="dpals-uniform", dim=0, biases=False).resolve()
 
 
+@pytest.mark.slow
 def test_small_epsilon_falls_back_to_biases_and_one_step(small):
     """Rank 0 when the noise drowns one direction: then one step, σ recalibrated for it, and the same event
     in candidate_event (what tune_private composes) as in the fitted report."""

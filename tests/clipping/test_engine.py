@@ -223,6 +223,7 @@ def test_recurrent(cell, scan, fallback):
     assert all("Cell" in p for p in fb)    # the embedding and output layer stay tapped
 
 
+@pytest.mark.slow
 def test_custom_layer_and_shared_parameter():
     model = SharedMLP()
     x = jax.random.normal(jax.random.PRNGKey(3), (6, 7))
@@ -397,6 +398,7 @@ def test_bad_inputs():
     assert int(cg.num_nonfinite) == 1 and float(cg.clip_factors[2]) == 0.0
 
 
+@pytest.mark.slow
 @CPU_CHUNK_RULE
 def test_batch_chunk_runs_the_batch_in_chunks_with_the_same_result(monkeypatch):
     """"auto" on CPU: chunks of a power of two ≥ MIN_CHUNK examples whose per-example state is about
@@ -430,6 +432,7 @@ class TiedTiny(nn.Module):
         return embed.attend(nn.tanh(embed(ids)))[:, -1]     # [B, 50] logits of the last position
 
 
+@pytest.mark.slow
 @CPU_CHUNK_RULE
 def test_auto_chunks_keep_instantiated_gradients_in_one_piece():
     """"auto" takes chunks in which every instantiated per-example gradient fits `memory_limit` at once (the
@@ -447,6 +450,7 @@ def test_auto_chunks_keep_instantiated_gradients_in_one_piece():
         check(run(loss_fn, params, batch, l2_clip=C, memory_limit=limit), ref_sum, ref_norms)
 
 
+@pytest.mark.slow
 def test_long_lookup_norms_sum_repeated_ids_exactly():
     # sort-based norms of a long lookup (T = 300, many repeated ids) equal ||onehot^T R||^2 built densely
     from jdp.clipping.norms import lookup_sq_norms

@@ -137,6 +137,7 @@ def test_a_dropout_key_shared_by_all_examples_warns_a_per_example_key_does_not()
         assert shared_random_draws(jaxpr.jaxpr, [False, False]) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kw", [dict(), dict(padding="VALID", strides=(2, 3)), dict(kernel_dilation=(2, 1), strides=2),
                                 dict(padding=((1, 2), (0, 3)), strides=2), dict(padding="SAME_LOWER", strides=2)])
 def test_sliced_conv_patches_equal_the_layers_own(kw):
@@ -273,6 +274,7 @@ class _TwoDense(nn.Module):
         return jnp.sum(a * 2.0 + b ** 2, axis=-1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("jit", [False, True])
 def test_a_layer_whose_parameters_pass_through_stop_gradient_is_exact_eagerly_and_jitted(jit):
     # eagerly, stop_gradient returns a concrete array itself: the layer then looks like a tapped layer in the

@@ -111,6 +111,7 @@ def test_bucketed_gram_equals_segment_sum_reference():
         np.testing.assert_allclose(np.asarray(b)[plan.flat_index], ref_b, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.slow
 @pytest.mark.multi_device
 def test_ssp_sharded_equals_unsharded_and_recovers_tasks():
     assert len(jax.devices()) >= 4

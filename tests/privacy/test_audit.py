@@ -121,6 +121,7 @@ def test_dp_sgd_one_run_audit_stays_below_reported_epsilon(canary):
     assert 0.0 <= a.epsilon_lower_bound <= a.reported_epsilon and not a.violated
 
 
+@pytest.mark.slow
 def test_dp_sgd_many_run_gradient_canary_audit_stays_below_reported_epsilon():
     a = audit_dp_sgd(jax.random.key(2), CFG, seed=0, canary="gradient", mode="many-run", runs=20_000)
     assert 0.3 < a.epsilon_lower_bound <= a.reported_epsilon
@@ -204,6 +205,7 @@ def test_selection_sampled_audit_of_the_sampler():
 ALT = dict(epsilon=2.0, budget=8, show_progress=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["ada-dpals", "ada-dpsgd"])
 def test_altmin_canary_audit_stays_below_reported_epsilon(method):
     a = audit_altmin(AltMinConfig(method=method, **ALT), canaries=200, seed=0)

@@ -430,6 +430,7 @@ def test_dp_sgd_step_and_vmap_fallback_ignore_nan_padding():
     np.testing.assert_allclose(_flat(res.grad_sum), _flat(want.grad_sum), rtol=1e-6, atol=1e-9)
 
 
+@pytest.mark.slow
 def test_chunked_accumulate_adds_at_most_one_clip_bound_per_added_unit():
     """DPSGD.accumulate over a sample laid out in chunks of different shapes (as jdp.seqrec does): adding
     the worst neighbour (a unit with a huge gradient, in a chunk of its own shape, padding rows beside it)

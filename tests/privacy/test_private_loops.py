@@ -114,6 +114,7 @@ def _seqrec_case(with_user: bool):
     return sdata.leave_last_out(seqs if with_user else seqs[1:], n_items, 8)
 
 
+@pytest.mark.slow
 def test_seqrec_training_runs_every_step_with_a_nonfinite_user_and_counts_it(capsys):
     """User 0 alone reads item 21, whose input embedding is NaN (an untied output layer keeps every other user
     finite): that user's loss is non-finite at each step that samples it. Training completes the same steps as

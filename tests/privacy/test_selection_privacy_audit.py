@@ -225,6 +225,7 @@ def test_probabilities_match_independent_references_broad_sweep(name):
         _check(name, q, d, eps, mono, max_candidates=6)
 
 
+@pytest.mark.slow
 def test_random_stopping_probabilities_match_a_numpy_simulation():
     """Audit item 10: RS_γ's generating-function integral against 10^6 runs of its definition (K ~
     Geometric(1/k) uniform draws of q_a + Laplace(3Δ_a/ε), keep the best), to 5σ."""

@@ -195,6 +195,7 @@ def test_dpformer_step_moves_by_one_clipped_user_in_either_block_layout(norm):
     assert _worst_neighbour_step_change(model, models.make_loss_fn(model, reatt), C, 1) == pytest.approx(C, rel=1e-3)
 
 
+@pytest.mark.slow
 def test_baselines_never_read_exact_counts():
     """The popularity baseline is post-processing of released (or caller-declared public) counts only: a private
     model without such counts gets the zero-cost baseline alone, and the popularity ranking changes with the

@@ -41,6 +41,7 @@ def test_select_configuration_records_its_release_and_validates():
         select_configuration(jax.random.key(1), np.array([1.0, 2.0]), 0.0, 0.5)
 
 
+@pytest.mark.slow
 def test_tune_private_accounts_every_candidate_and_the_choice():
     """Audit item 11: K candidate runs + the selection compose to at most the requested ε."""
     data = planted_powerlaw(seed=0, n_users=300, n_items=50, nnz=6_000).data

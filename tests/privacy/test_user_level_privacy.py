@@ -549,6 +549,7 @@ def test_movielens_declared_sizes_unchanged_when_one_user_is_added(tmp_path):
         load_movielens(base_path, n_users=10)
 
 
+@pytest.mark.slow
 def test_cli_declared_sizes_and_duplicates(tmp_path):
     """Audit items 1 and 6 on the command line: a ratings file with a duplicated row is rejected unless
     --merge-duplicates; --n-users / the item catalogue next to the ratings are the report's public

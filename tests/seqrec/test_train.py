@@ -90,6 +90,7 @@ def test_library_clipping_on_a_factorised_item_table_equals_naive_per_example_cl
     _assert_equals_naive_clipping(models.make_loss_fn(model, None, deterministic=True), params, batch, "auto")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_name", ["dpformer", "gru"])
 def test_sampled_softmax_clipping_equals_naive_per_example_clipping(model_name):
     # the tied table is read three times (inputs, targets, the step's shared negatives): the engine's
@@ -132,6 +133,7 @@ def test_sampled_loss_is_corrected_cross_entropy_without_accidental_hits():
     np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_private_dpformer_report_histogram_checkpoint(tmp_path):
     d = _toy()
     cfg = train.TrainConfig(model="dpformer", epsilon=4.0, epochs=1.0, batch_size=16, chunk_rows=256,
@@ -285,6 +287,7 @@ def test_invalid_configs_raise():
     assert accounting.compute_epsilon(ev, 1e-5) > 0
 
 
+@pytest.mark.slow
 def test_sampled_softmax_training_states_its_negatives_and_learns():
     d = _toy(n_users=96)
     base = train.TrainConfig(model="gru", epsilon=None, epochs=6.0, batch_size=32, chunk_rows=1024, d=16,
@@ -379,6 +382,7 @@ def test_first_step_compiles_while_sigma_is_calibrated_and_only_once(caplog):
     assert a.apply is not b.apply  # the noisy update does read σ
 
 
+@pytest.mark.slow
 def test_item_table_starts_from_the_transition_release_and_the_model_starts_as_its_scorer():
     d = _toy(n_users=64)
     cfg = train.TrainConfig(model="transformer", epsilon=4.0, batch_size=16, epochs=0.5, d=8, blocks=2, dropout=0.0,
@@ -439,6 +443,7 @@ def test_privacy_setup_uses_dp_sgds_calibration_and_report_line():
     assert rep.epsilon() == pytest.approx(4.0, abs=1e-3)
 
 
+@pytest.mark.slow
 def test_optimizers_for_dp_noise_get_the_runs_public_noise_variance():
     """`TrainConfig(optimizer=...)`: DP-AdamBC receives φ = (σC/B)² of the run's calibrated σ (public), SGD with
     momentum and AdamW need none; the same privacy report whatever the optimiser (post-processing)."""
