@@ -36,6 +36,8 @@ def row_counts(ids: jax.Array, weights: jax.Array, n_rows: int, pad_id: int | No
     ids [B, T] integers (any values: those outside [0, n_rows) and `pad_id` count as no row); weights [B]: the
     Poisson sample's mask, clipped to [0, 1] (NaN: 0), since a weight scales its unit's norm. The float32 sum over
     units rounds as any float32 sum (not covered, docs/privacy.md#floating-point-what-the-clipping-bound-guarantees)."""
+    if isinstance(n_rows, bool) or int(n_rows) != n_rows or n_rows < 1:
+        raise ValueError(f"n_rows must be a positive integer, got {n_rows!r}")
     ids = jnp.asarray(ids)
     if ids.ndim != 2 or not jnp.issubdtype(ids.dtype, jnp.integer):
         raise ValueError(f"ids must be an integer array [units, positions], got {ids.dtype} {ids.shape}")

@@ -29,6 +29,8 @@ def test_row_counts_equal_a_naive_computation():
     np.testing.assert_allclose(np.asarray(no_pad), _naive_counts(ids, weights, 12, pad_id=-99), rtol=1e-6, atol=1e-7)
     with pytest.raises(ValueError, match="integer"):
         S.row_counts(jnp.zeros((2, 3)), jnp.ones(2), 4)
+    with pytest.raises(ValueError, match="n_rows"):
+        S.row_counts(jnp.asarray(ids), jnp.ones(9), 0)
 
 
 def test_selection_keeps_rows_above_the_threshold_and_noise_lands_on_them_only():
