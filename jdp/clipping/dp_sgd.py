@@ -30,6 +30,7 @@ from jdp import noise
 from jdp.accounting import ADD_OR_REMOVE_ONE, PrivacyReport, Release, calibrate, compute_epsilon
 from jdp.clipping.engine import METHODS, check_batch_chunk, clipped_grad
 from jdp.clipping.sharding import DATA_AXIS, check_mesh, sharded_sums
+from jdp.clipping.sparse_rows import SparseRows, noisy_selected_rows, select_rows, split_noise
 from jdp.sampling import poisson_indices, poisson_keep, poisson_sample, poisson_sample_jit
 from jdp.validation import check_positive, check_privacy
 
@@ -63,6 +64,7 @@ def calibrate_noise_multiplier(epsilon: float, delta: float, sampling_rate: floa
 
 
 DP_SGD_RELEASE = "dp-sgd noisy clipped gradient sum"
+DP_FEST_RELEASE = "dp-sgd noisy clipped gradient sum on rows selected by noisy counts (DP-FEST)"
 
 
 def dp_sgd_release(noise_multiplier: float, sampling_rate: float, sensitivity: float, steps: int,
@@ -114,6 +116,37 @@ def dp_aggregate(noise_multiplier: float, sensitivity: float, expected_batch_siz
         # the cast to the parameters' dtype comes after the noise: post-processing of the release
         updates = jax.tree.map(lambda g: g.astype(jnp.promote_types(g.dtype, jnp.float32)), updates)
         noisy = jax.tree.map(lambda g: g / denom, noise.add_gaussian_tree(sub, updates, sigma * S))
+        if params is not None:
+            noisy = jax.tree.map(lambda g, p: g.astype(jnp.result_type(p)), noisy, params)
+        return noisy, DPAggregateState(new_key, state.count + 1)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def sparse_aggregate(noise_multiplier: float, sensitivity: float, expected_batch_size: float, key: jax.Array,
+                     spec: SparseRows) -> optax.GradientTransformation:
+    """`dp_aggregate` with DP-FEST on the table `spec.table` (`jdp.clipping.sparse_rows`): updates are the pair
+    (clipped grad sum, row counts); the rows are selected from the counts + N(0, σ_r²) over τ·σ_r, the sum gets
+    N(0, (σ_g S)²), the table only on its selected rows (every other row's update is 0), with (σ_g, σ_r) =
+    `split_noise(noise_multiplier, spec.ratio)`: one Gaussian of multiplier `noise_multiplier` per step."""
+    sigma_g, sigma_r = split_noise(noise_multiplier, spec.ratio)
+    S = check_positive(sensitivity, "sensitivity")
+    denom = check_positive(expected_batch_size, "expected_batch_size")
+
+    def init_fn(params):
+        del params
+        return DPAggregateState(key=jnp.asarray(key), count=jnp.zeros((), jnp.int32))
+
+    def update_fn(updates, state, params=None):
+        grad_sum, counts = updates
+        new_key, sub = jax.random.split(state.key)
+        k_select, k_table, k_rest = jax.random.split(sub, 3)
+        selected = select_rows(k_select, counts, sigma_r, spec.threshold * sigma_r)
+        grad_sum = jax.tree.map(lambda g: g.astype(jnp.promote_types(g.dtype, jnp.float32)), grad_sum)
+        rest = noise.add_gaussian_tree(k_rest, grad_sum, sigma_g * S)  # the table's entry is replaced below
+        noisy = jax.tree_util.tree_map_with_path(
+            lambda p, g, r: (noisy_selected_rows(k_table, g, selected, sigma_g * S) if spec.is_table(p) else r) / denom,
+            grad_sum, rest)
         if params is not None:
             noisy = jax.tree.map(lambda g, p: g.astype(jnp.result_type(p)), noisy, params)
         return noisy, DPAggregateState(new_key, state.count + 1)
@@ -175,6 +208,7 @@ class DPSGD:
     batch_chunk: int | str | None = "auto"   # see `clipped_grad`
     mesh: Any = None                          # a jax.sharding.Mesh: rows split over `data_axis` (see dp_sgd)
     data_axis: str = DATA_AXIS
+    sparse_rows: SparseRows | None = None     # DP-FEST on one embedding table (see dp_sgd)
 
     @property
     def expected_batch_size(self) -> float:
@@ -190,15 +224,27 @@ class DPSGD:
         """PrivacyReport of `steps` (default: all planned) DP-SGD steps."""
         n = self.steps if steps is None else int(steps)
         rep = PrivacyReport(self.delta, unit=self.unit, relation=ADD_OR_REMOVE_ONE, accountant=self.accountant)
-        return rep.add_release(dp_sgd_release(self.noise_multiplier, self.sampling_rate, self.l2_clip, n))
+        name = DP_SGD_RELEASE if self.sparse_rows is None else DP_FEST_RELEASE
+        return rep.add_release(dp_sgd_release(self.noise_multiplier, self.sampling_rate, self.l2_clip, n, name))
 
     def transform(self, key: jax.Array) -> optax.GradientTransformation:
-        return optax.chain(dp_aggregate(self.noise_multiplier, self.l2_clip, self.expected_batch_size, key),
+        aggregate = (dp_aggregate if self.sparse_rows is None
+                     else functools.partial(sparse_aggregate, spec=self.sparse_rows))
+        return optax.chain(aggregate(self.noise_multiplier, self.l2_clip, self.expected_batch_size, key),
                            self.optimizer)
 
     def init(self, params: Any, key: jax.Array) -> DPSGDState:
         """`key` seeds the noise of every step."""
+        if self.sparse_rows is not None:
+            self.sparse_rows.n_rows(params)  # the table exists: refused before any step otherwise
         return DPSGDState(params, self.transform(key).init(params), jnp.zeros((), jnp.int32))
+
+    def zeros(self, params: Any) -> Any:
+        """The empty accumulator of `accumulate`: zeros like params (with `sparse_rows`: and the table's counts)."""
+        zero = jax.tree.map(jnp.zeros_like, params)
+        if self.sparse_rows is None:
+            return zero
+        return zero, jnp.zeros(self.sparse_rows.n_rows(params), jnp.float32)
 
     def sample(self, key: jax.Array):
         """(indices, mask) of one whole Poisson sample, padded to `max_batch_size` rows: never truncated and never
@@ -220,7 +266,7 @@ class DPSGD:
 
     def _clipped(self, params: Any, batch: Any, mask: jax.Array, aux: Any = None):
         return _sums_fn(self.loss_fn, self.l2_clip, self.method, self.normalize, self.batch_chunk, self.mesh,
-                        self.data_axis)(params, batch, mask, aux)
+                        self.data_axis, self.sparse_rows)(params, batch, mask, aux)
 
     def _apply(self, state: DPSGDState, grad_sum: Any) -> DPSGDState:
         tx = self.transform(jax.random.PRNGKey(0))  # the noise key lives in opt_state
@@ -249,11 +295,11 @@ class DPSGD:
         """jit-compiled accumulate(params, grad_sum, batch, mask, aux=None) -> (grad_sum + Σ clipped grads of the
         batch, sums {loss_sum, count, num_clipped, num_nonfinite}): one physical chunk of a step whose
         Poisson sample (`sample_indices`) is processed in several chunks, each row of the sample in exactly
-        one chunk (chunks may have different shapes). Start from zeros like params; finish with `apply`.
+        one chunk (chunks may have different shapes). Start from `zeros(params)`; finish with `apply`.
         The sums are private diagnostics. The same function as `clipped_accumulate` of these clipping settings
         (it does not read the noise). With a mesh, each chunk's rows must split evenly over its data axis."""
         return clipped_accumulate(self.loss_fn, self.l2_clip, self.method, self.normalize, self.batch_chunk,
-                                  self.mesh, self.data_axis)
+                                  self.mesh, self.data_axis, self.sparse_rows)
 
     @property
     def apply(self) -> Callable:
@@ -295,7 +341,7 @@ class DPSGD:
 
     def _chunked_step(self, state: DPSGDState, data: Any, idx: jax.Array, mask: jax.Array, gather: Callable):
         B = self.max_batch_size
-        acc = jax.tree.map(jnp.zeros_like, state.params)
+        acc = self.zeros(state.params)
         tot = {"loss_sum": 0.0, "count": 0, "num_clipped": 0, "num_nonfinite": 0}
         for s in range(0, idx.shape[0], B):
             acc, sums = self.accumulate(state.params, acc, gather(data, idx[s:s + B]), mask[s:s + B])
@@ -321,29 +367,39 @@ def _clipped_sums(loss_fn, l2_clip, method, normalize, batch_chunk, params, batc
     return cg.grad_sum, sums
 
 
-def _sums_fn(loss_fn, l2_clip, method, normalize, batch_chunk, mesh, data_axis) -> Callable:
-    """(params, batch, mask, aux) -> (clipped grad_sum, sums): on one device, or split over the mesh's data axis."""
+def _sums_fn(loss_fn, l2_clip, method, normalize, batch_chunk, mesh, data_axis, sparse_rows=None) -> Callable:
+    """(params, batch, mask, aux) -> (clipped grad_sum, sums): on one device, or split over the mesh's data axis;
+    with `sparse_rows`, ((grad_sum, the table's row counts), sums)."""
     fn = functools.partial(_clipped_sums, loss_fn, l2_clip, method, normalize, batch_chunk)
-    return fn if mesh is None else sharded_sums(fn, mesh, data_axis)
+    fn = fn if mesh is None else sharded_sums(fn, mesh, data_axis)
+    if sparse_rows is None:
+        return fn
+
+    def with_counts(params, batch, mask, aux):
+        g, sums = fn(params, batch, mask, aux)
+        return (g, sparse_rows.counts(params, batch, mask)), sums
+    return with_counts
 
 
 def clipped_accumulate(loss_fn: Callable, l2_clip: float, method: str = "auto", normalize: bool = False,
                        batch_chunk: int | str | None = "auto", mesh: Any = None,
-                       data_axis: str = DATA_AXIS) -> Callable:
+                       data_axis: str = DATA_AXIS, sparse_rows: SparseRows | None = None) -> Callable:
     """`DPSGD.accumulate` for these clipping settings (the same jitted function: equal settings share it):
     accumulate(params, grad_sum, batch, mask, aux=None) -> (grad_sum + Σ clipped grads, sums). Its program
     does not read the noise multiplier, so a caller can compile it while σ is still being calibrated.
 
     Releases nothing by itself: adding or removing one row moves the sum by at most `l2_clip` (with
     `normalize`, exactly `l2_clip` unless its gradient is zero); only `DPSGD.apply` adds the noise that the
-    report accounts. `mesh`: see `dp_sgd`."""
+    report accounts. `mesh`: see `dp_sgd`. With `sparse_rows` the accumulator is the pair (grad_sum, the
+    table's row counts), whose counts move by at most 1 (`sparse_rows.row_counts`)."""
     check_mesh(mesh, data_axis)
-    return _clipped_accumulate(loss_fn, float(l2_clip), method, bool(normalize), batch_chunk, mesh, data_axis)
+    return _clipped_accumulate(loss_fn, float(l2_clip), method, bool(normalize), batch_chunk, mesh, data_axis,
+                               sparse_rows)
 
 
 @functools.lru_cache(maxsize=32)
-def _clipped_accumulate(loss_fn, l2_clip, method, normalize, batch_chunk, mesh, data_axis):
-    sums_fn = _sums_fn(loss_fn, l2_clip, method, normalize, batch_chunk, mesh, data_axis)
+def _clipped_accumulate(loss_fn, l2_clip, method, normalize, batch_chunk, mesh, data_axis, sparse_rows):
+    sums_fn = _sums_fn(loss_fn, l2_clip, method, normalize, batch_chunk, mesh, data_axis, sparse_rows)
 
     def accumulate(params, grad_sum, batch, mask, aux=None):
         g, sums = sums_fn(params, batch, mask, aux)
@@ -356,7 +412,7 @@ def dp_sgd(loss_fn: Callable, optimizer: optax.GradientTransformation, *, num_ex
            steps: int | None = None, epsilon: float | None = None, noise_multiplier: float | None = None,
            method: str = "auto", normalize: bool = False, max_batch_size: int | None = None,
            accountant: str = "rdp", unit: str = "example", batch_chunk: int | str | None = "auto",
-           mesh: Any = None, data_axis: str = DATA_AXIS) -> DPSGD:
+           mesh: Any = None, data_axis: str = DATA_AXIS, sparse_rows: SparseRows | None = None) -> DPSGD:
     """Builds a DPSGD helper; the noise multiplier is calibrated to (epsilon, delta) for Poisson
     sampling at rate batch_size / num_examples over the planned steps (or given explicitly).
 
@@ -367,6 +423,9 @@ def dp_sgd(loss_fn: Callable, optimizer: optax.GradientTransformation, *, num_ex
     the clipped sums are all-reduced and the noise is drawn once from the replicated key. The same mechanism and
     report as on one device; results equal up to the float rounding of the sum's order. `max_batch_size` must be
     a multiple of the axis' size (the default is rounded up to one).
+    `sparse_rows`: DP-FEST on one embedding table (`jdp.clipping.sparse_rows.SparseRows`): each step selects the
+    table's rows from noisy counts of the rows its units touch and noises and updates only those; the same
+    event and σ (split between the selection and the gradient, `split_noise`), so the same ε.
     """
     if int(num_examples) < 1:
         raise ValueError(f"num_examples must be >= 1, got {num_examples}")
@@ -385,6 +444,8 @@ def dp_sgd(loss_fn: Callable, optimizer: optax.GradientTransformation, *, num_ex
         steps = int(math.ceil(check_positive(epochs, "epochs") / q))
     if int(steps) < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
+    if sparse_rows is not None and not isinstance(sparse_rows, SparseRows):
+        raise ValueError(f"sparse_rows must be a jdp.clipping.sparse_rows.SparseRows, got {type(sparse_rows).__name__}")
     if (epsilon is None) == (noise_multiplier is None):
         raise ValueError("give exactly one of epsilon (calibrates the noise) or noise_multiplier")
     if epsilon is not None:
@@ -398,9 +459,9 @@ def dp_sgd(loss_fn: Callable, optimizer: optax.GradientTransformation, *, num_ex
         raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
     check_mesh(mesh, data_axis, mb)
     return DPSGD(loss_fn, optimizer, int(num_examples), q, int(steps), C, float(noise_multiplier), delta, mb,
-                 method, bool(normalize), accountant, unit, batch_chunk, mesh, data_axis)
+                 method, bool(normalize), accountant, unit, batch_chunk, mesh, data_axis, sparse_rows)
 
 
-__all__ = ["DPAggregateState", "DPSGD", "DPSGDState", "DP_SGD_RELEASE", "calibrate_noise_multiplier",
+__all__ = ["DPAggregateState", "DPSGD", "DPSGDState", "DP_FEST_RELEASE", "DP_SGD_RELEASE", "calibrate_noise_multiplier",
            "clipped_accumulate", "default_max_batch_size", "dp_aggregate", "dp_sgd", "dp_sgd_event", "dp_sgd_release",
-           "poisson_indices", "poisson_keep", "poisson_sample"]
+           "poisson_indices", "poisson_keep", "poisson_sample", "sparse_aggregate"]

@@ -18,10 +18,19 @@ Unit and relation: those of the DP-SGD step it joins (add/remove one unit, Poiss
 and C, i.e. one Gaussian on their concatenation, each part scaled to sensitivity 1, with noise multiplier
 (σ_r⁻² + σ_g⁻²)^(-1/2) (`step_noise_multiplier`), Poisson-subsampled at rate q (`step_event`). Restricting the
 noisy sum to the selected rows is post-processing of the selection.
+
+In a DP-SGD run: `dp_sgd(..., sparse_rows=SparseRows(table=..., ids=...))`. The run's noise multiplier σ is
+calibrated as for plain DP-SGD (same event) and split into σ_g and σ_r = ratio·σ_g with (σ_g⁻² + σ_r⁻²)^(-1/2) = σ
+(`split_noise`); each chunk's `accumulate` also sums the counts of the rows its units touch, and `apply`
+(`dp_sgd.sparse_aggregate`) selects, adds the noise and zeroes the table's other rows. Rows a unit touches are what the
+caller's `ids` says (e.g. a sequence model's input and target items); gradient that reaches other rows (a full
+softmax over a tied table reaches every row) is dropped with them: a projection, which never adds sensitivity.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+from typing import Any, Callable
 
 import dp_accounting.dp_event as dpe
 import jax
@@ -92,4 +101,64 @@ def step_event(sampling_rate: float, gradient_noise_multiplier: float, selection
     return one if steps == 1 else dpe.SelfComposedDpEvent(one, int(steps))
 
 
-__all__ = ["noisy_selected_rows", "row_counts", "select_rows", "step_event", "step_noise_multiplier"]
+# ---------------------------------------------------------------------------------------------------
+# In a DP-SGD run.
+@dataclasses.dataclass(frozen=True)
+class SparseRows:
+    """DP-FEST on one embedding table of a DP-SGD run (`dp_sgd(..., sparse_rows=SparseRows(...))`).
+
+    table: the names on the path of the table's leaf in the parameters, e.g. ("params", "item_embed",
+      "embedding") for a linen `nn.Embed(name="item_embed")` (its rows: the leaf's first axis);
+    ids: batch -> [units, positions] integer ids of the rows each unit touches (any values: see `row_counts`);
+    ratio: σ_r / σ_g, public (larger: a noisier selection and a less noisy gradient);
+    threshold: τ in units of σ_r, public: a row with no unit is selected with probability P(N(0,1) > τ);
+    pad_id: the id that is no row (None: every id in range is a row)."""
+    table: tuple
+    ids: Callable[[Any], jax.Array]
+    ratio: float = 2.0
+    threshold: float = 3.0
+    pad_id: int | None = 0
+
+    def __post_init__(self):
+        if isinstance(self.table, str) or not self.table or not all(isinstance(n, str) for n in self.table):
+            raise ValueError(f"table must be a non-empty tuple of names (a path in the parameters), got {self.table!r}")
+        object.__setattr__(self, "table", tuple(self.table))
+        if not callable(self.ids):
+            raise ValueError("ids must be a function batch -> [units, positions] row ids")
+        check_positive(self.ratio, "ratio")
+        if not math.isfinite(self.threshold):
+            raise ValueError(f"threshold must be finite, got {self.threshold!r}")
+
+    def is_table(self, path) -> bool:
+        return _names(path) == self.table
+
+    def n_rows(self, params) -> int:
+        """The table's row count; ValueError (before any work) when `params` has no such 2-d+ leaf."""
+        found = [x for p, x in jax.tree_util.tree_flatten_with_path(params)[0] if self.is_table(p)]
+        if len(found) != 1 or jnp.ndim(found[0]) < 2:
+            raise ValueError(f"sparse_rows: no embedding table at {'/'.join(self.table)} in the parameters")
+        return int(jnp.shape(found[0])[0])
+
+    def counts(self, params, batch, mask) -> jax.Array:
+        """The chunk's contribution counts (`row_counts` of the units' ids, weighted by the sample's mask). `ids`
+        runs on each unit alone (vmapped over a batch of one), so a unit's rows come from its own data only,
+        whatever the function does across rows."""
+        ids = jax.vmap(lambda unit: jnp.asarray(self.ids(jax.tree.map(lambda x: x[None], unit)))[0])(batch)
+        return row_counts(ids.reshape(ids.shape[0], -1), mask, self.n_rows(params), self.pad_id)
+
+
+def _names(path) -> tuple:
+    return tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+
+
+def split_noise(noise_multiplier: float, ratio: float) -> tuple[float, float]:
+    """(σ_g, σ_r): the gradient's and the selection's noise multipliers with σ_r = ratio·σ_g whose one equivalent
+    Gaussian (`step_noise_multiplier`) has multiplier `noise_multiplier`."""
+    s = check_positive(noise_multiplier, "noise_multiplier")
+    r = check_positive(ratio, "ratio")
+    g = s * math.sqrt(1.0 + r ** -2)
+    return g, r * g
+
+
+__all__ = ["SparseRows", "noisy_selected_rows", "row_counts", "select_rows", "split_noise", "step_event",
+           "step_noise_multiplier"]

@@ -82,6 +82,13 @@ def _add_privacy_flags(p: argparse.ArgumentParser) -> None:
                         "the known noise variance) or sgd-momentum (momentum 0.9)")
     p.add_argument("--adam-bc-gamma", type=float, default=10.0,
                    help="adam-bc: the floor of its second moment, in units of the noise variance (sigma C / B)^2")
+    p.add_argument("--sparse-item-rows", action="store_true",
+                   help="DP-FEST on the item table (beyond the paper): each step noises and updates only the rows "
+                        "selected from noisy counts of the sampled users' items; the same epsilon")
+    p.add_argument("--sparse-ratio", type=float, default=2.0,
+                   help="--sparse-item-rows: the selection's noise over the gradient's (sigma_r / sigma_g)")
+    p.add_argument("--sparse-threshold", type=float, default=3.0,
+                   help="--sparse-item-rows: the selection threshold in units of sigma_r")
     p.add_argument("--l2-clip", type=float, default=1.0, help="per-user L2 clip norm C")
     add_deprecated_flag(p, "--clip", "--l2-clip")  # its name before this release
     p.add_argument("--normalize", action="store_true",
@@ -182,7 +189,8 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
 DEFAULT_EPSILON = 8.0
 # the library's names of what the flags set (TrainConfig, data.load): its refusals are shown with the flags
 FLAGS = {"epsilon": "--epsilon", "delta": "--delta", "epochs": "--epochs", "lr": "--lr", "l2_clip": "--l2-clip",
-         "optimizer": "--optimizer", "adam_bc_gamma": "--adam-bc-gamma",
+         "optimizer": "--optimizer", "adam_bc_gamma": "--adam-bc-gamma", "sparse_ratio": "--sparse-ratio",
+         "sparse_threshold": "--sparse-threshold", "sparse_item_rows": "--sparse-item-rows",
          "hist_noise_multiplier": "--hist-noise-multiplier", "weight_decay": "--weight-decay",
          "warmup_frac": "--warmup-frac", "batch_size": "--batch-size", "chunk_rows": "--chunk-rows", "d": "--d",
          "heads": "--heads", "blocks": "--blocks", "maxlen": "--maxlen", "dropout": "--dropout",
@@ -201,7 +209,7 @@ HELP_GROUPS = {
     "model": ["model", "k", "history", "d", "heads", "blocks", "norm", "ffn_dim", "item_dim", "dropout",
               "item_init", "item_init_k", "item_init_noise", "freeze_item_table", "trainable_items"],
     "training": ["epochs", "batch_size", "lr", "weight_decay", "warmup_frac", "optimizer", "adam_bc_gamma", "negatives",
-                 "negative_sampler"],
+                 "negative_sampler", "sparse_item_rows", "sparse_ratio", "sparse_threshold"],
     "evaluation": ["eval_every", "mask_history"],
     "speed and memory (no effect on the results)": ["clipping", "chunk_rows", "length_buckets"],
     "long runs, progress and output": ["checkpoint", "resume", "max_minutes", "max_steps", "time_limit",
@@ -266,6 +274,8 @@ def _train_config(args: argparse.Namespace, maxlen: int) -> TrainConfig:
     return TrainConfig(model=args.model, epsilon=_epsilon(args), delta=args.delta,
                        epochs=epochs, batch_size=batch_size, lr=lr, warmup_frac=args.warmup_frac,
                        weight_decay=args.weight_decay, optimizer=args.optimizer, adam_bc_gamma=args.adam_bc_gamma,
+                       sparse_item_rows=args.sparse_item_rows, sparse_ratio=args.sparse_ratio,
+                       sparse_threshold=args.sparse_threshold,
                        l2_clip=args.l2_clip, normalize=args.normalize,
                        d=args.d if args.d is not None else (32 if synthetic else 64),
                        heads=args.heads, blocks=args.blocks if args.blocks is not None else (1 if synthetic else 2),

@@ -3,6 +3,7 @@ them (`TrainConfig.validate`)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from jdp.clipping import METHODS as CLIPPING_METHODS
 from jdp.clipping.engine import check_batch_chunk
@@ -69,6 +70,11 @@ class TrainConfig:
     item_init: str = "random"         # "transitions" (beyond the paper): the tied item table starts from ONE
                                       # release of item-to-item transitions (`start_from_item_table`)
     item_init_k: int = 500            # its candidate items (a public choice, as `jdp.seqrec.transitions`' K)
+    sparse_item_rows: bool = False    # DP-FEST on the item table (beyond the paper; jdp.clipping.sparse_rows): each
+                                      # step noises and updates only the rows selected from noisy counts of the
+                                      # sampled users' input and target items; the same ε (σ split, ratio below)
+    sparse_ratio: float = 2.0         # its σ_r / σ_g (public)
+    sparse_threshold: float = 3.0     # its threshold in units of σ_r (public)
     freeze_item_table: bool = False   # the item table never trains (not differentiated, its noise discarded):
                                       # with item_init="transitions" it keeps the release; DP-SGD trains the rest
     item_init_noise: float | None = None  # its Gaussian noise std (per-user Frobenius norm 1), composed with
@@ -84,6 +90,12 @@ class TrainConfig:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         check_positive(self.adam_bc_gamma, "adam_bc_gamma")
         check_positive(self.error_scale, "error_scale", allow_zero=True)
+        check_positive(self.sparse_ratio, "sparse_ratio")
+        if not math.isfinite(self.sparse_threshold):
+            raise ValueError(f"sparse_threshold must be finite, got {self.sparse_threshold!r}")
+        if self.sparse_item_rows and (self.model not in ("dpformer", "transformer") or self.freeze_item_table):
+            raise ValueError("sparse_item_rows needs a trained tied item table: model 'dpformer' or 'transformer' "
+                             "without freeze_item_table")
         if not 0.0 <= self.warmup_frac < 1.0:
             raise ValueError(f"warmup_frac must be in [0, 1), got {self.warmup_frac}")
         for name in ("batch_size", "chunk_rows", "d", "heads", "blocks", "eval_chunk"):

@@ -17,6 +17,7 @@ from dp_accounting import dp_event as dpe
 from jdp import accounting
 from jdp.clipping.dp_sgd import clipped_accumulate, dp_sgd, dp_sgd_event, poisson_indices
 from jdp.clipping.optimizers import dp_adam_bc, noise_variance
+from jdp.clipping.sparse_rows import SparseRows
 from jdp.seqrec import reattention as ra
 from jdp.seqrec import transitions as tr
 from jdp.seqrec.batches import check_negatives, negative_probs, step_batches
@@ -52,6 +53,7 @@ class Run:
     params: Any                      # the starting parameters (also the evaluation's precompilation shapes)
     neg_probs: np.ndarray | None
     state: Any = None                # DPSGDState (or the reference's PlainState)
+    zeros: Any = None                # params -> the empty accumulator of `accumulate`
     accumulate: Any = None
     apply: Any = None
     apply_ready: Any = None          # futures of compilations beside the first step
@@ -167,15 +169,16 @@ def _step_functions(run: Run, loss_fn, frozen) -> None:
     if run.private:
         dp = dp_sgd(loss_fn, opt, num_examples=run.N, batch_size=cfg.batch_size, l2_clip=cfg.l2_clip,
                     delta=cfg.delta, steps=run.steps, noise_multiplier=run.sigma, method=cfg.clipping,
-                    normalize=cfg.normalize, unit="user", batch_chunk=cfg.batch_chunk)
-        run.accumulate, run.apply = dp.accumulate, dp.apply
+                    normalize=cfg.normalize, unit="user", batch_chunk=cfg.batch_chunk, sparse_rows=sparse_rows(cfg))
+        run.zeros, run.accumulate, run.apply = dp.zeros, dp.accumulate, dp.apply
         # the noisy update compiles as soon as σ is known, beside the state's allocation and the steps below
         state_shape = jax.eval_shape(dp.init, run.params, run.k_noise)
-        run.apply_ready = run.pool.submit(precompile, run.apply, state_shape, state_shape.params)
+        run.apply_ready = run.pool.submit(precompile, run.apply, state_shape, jax.eval_shape(dp.zeros, run.params))
         run.state = jax.jit(dp.init)(run.params, run.k_noise)  # one program, not an eager op per leaf
     else:  # NON-PRIVATE reference: plain gradient sums, the same sampling, schedule and optimiser
         run.state, run.accumulate, run.apply = nonprivate_step(loss_fn, opt, run.params, cfg.batch_size,
                                                                cfg.batch_chunk)
+        run.zeros = functools.partial(jax.tree.map, jnp.zeros_like)
         run.apply_ready = run.pool.submit(precompile, run.apply, run.state, run.state.params)
     if cfg.model == "dpformer":
         if run.counts_rel is None:  # non-private reference: zero noise -> Re-Attention is the identity
@@ -196,6 +199,18 @@ def _evaluation(run: Run, evaluate_test: bool) -> None:
     run.eval_shapes = evaluation_shapes([data.valid_input] + ([data.test_input] if evaluate_test else []),
                                         [data.valid_target] + ([data.test_target] if evaluate_test else []),
                                         cfg.eval_chunk, run.eval_windows)
+
+
+def item_ids(batch: dict) -> jax.Array:
+    """The item rows a user's training sequence touches (DP-FEST's ids): its input and target items (0: padding)."""
+    return jnp.concatenate([batch["input"], batch["target"]], axis=1)
+
+
+def sparse_rows(cfg: TrainConfig) -> SparseRows | None:
+    """DP-FEST on the tied item table when cfg.sparse_item_rows (`jdp.clipping.sparse_rows`), else None."""
+    if not cfg.sparse_item_rows:
+        return None
+    return SparseRows(("params", "item_embed", "embedding"), item_ids, cfg.sparse_ratio, cfg.sparse_threshold)
 
 
 def lr_schedule(lr: float, steps: int, warmup_frac: float) -> optax.Schedule:
@@ -228,14 +243,16 @@ def _lower_first_step(data, cfg, model, loss_fn, k_init, N, q, windows, k_sample
     L, M = data.maxlen, data.n_items
     params = jax.eval_shape(model.init, k_init, jnp.zeros((1, L), jnp.int32))
     aux = jax.eval_shape(reatt_inputs, 1.0, np.ones(M + 1, np.float32)) if cfg.model == "dpformer" else None
-    accumulate = clipped_accumulate(loss_fn, float(cfg.l2_clip), cfg.clipping, bool(cfg.normalize), cfg.batch_chunk)
+    accumulate = clipped_accumulate(loss_fn, float(cfg.l2_clip), cfg.clipping, bool(cfg.normalize), cfg.batch_chunk,
+                                    sparse_rows=sparse_rows(cfg))
+    acc = params if not cfg.sparse_item_rows else (params, jax.ShapeDtypeStruct((M + 1,), jnp.float32))
     idx = poisson_indices(jax.random.fold_in(k_sample, 0), N, q)
     idx = idx[idx < data.n_users]
     shapes = {}
     for _, batch, mask in step_batches(data, idx, windows, cfg.chunk_rows, jax.random.fold_in(k_dropout, 0)):
         spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), (batch, mask))
         shapes[(batch["input"].shape, mask.shape)] = spec
-    return [accumulate.lower(params, params, batch, mask, aux) for batch, mask in shapes.values()]
+    return [accumulate.lower(params, acc, batch, mask, aux) for batch, mask in shapes.values()]
 
 
 def precompile(fn, *args) -> None:
@@ -247,4 +264,4 @@ def precompile(fn, *args) -> None:
         fn.lower(*args).compile()
 
 
-__all__ = ["Run", "lr_schedule", "precompile", "prepare", "reatt_inputs"]
+__all__ = ["Run", "item_ids", "lr_schedule", "precompile", "prepare", "reatt_inputs", "sparse_rows"]

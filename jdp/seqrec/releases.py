@@ -21,6 +21,7 @@ from jdp.seqrec.data import SeqData, item_presence
 from jdp.validation import check_privacy
 
 DP_SGD_STEP = "DP-SGD step (Poisson-sampled Gaussian)"  # the report's name of the training steps' release
+DP_FEST_STEP = "DP-SGD step with the item rows selected by noisy counts (DP-FEST; Poisson-sampled Gaussian)"
 
 
 def sampling_plan(data: SeqData, cfg: TrainConfig) -> tuple[int, float, int]:
@@ -80,7 +81,8 @@ def privacy_setup(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_c
     # DP-SGD's own calibration and report line, its σ calibrated for the steps composed after the releases above
     sigma = calibrate_noise_multiplier(cfg.epsilon, cfg.delta, q, steps,
                                        before=[r.composed_event() for r in report.releases])
-    report.add_release(dp_sgd_release(sigma, q, cfg.l2_clip, steps, name=DP_SGD_STEP))
+    report.add_release(dp_sgd_release(sigma, q, cfg.l2_clip, steps,
+                                      name=DP_FEST_STEP if cfg.sparse_item_rows else DP_SGD_STEP))
     return PrivacySetup(report, float(sigma), counts_rel, start)
 
 
@@ -121,4 +123,4 @@ def partial_report(report: accounting.PrivacyReport, steps_done: int, steps: int
     return ran
 
 
-__all__ = ["DP_SGD_STEP", "PrivacySetup", "partial_report", "privacy_setup", "sampling_plan"]
+__all__ = ["DP_FEST_STEP", "DP_SGD_STEP", "PrivacySetup", "partial_report", "privacy_setup", "sampling_plan"]

@@ -40,7 +40,7 @@ from jdp.seqrec.item_table import (freeze_item_rows, freeze_item_table_loss, fro
                                    zero_item_rows)
 from jdp.seqrec.nonprivate import NONPRIVATE_CPU_ROWS
 from jdp.seqrec.prepare import Run, lr_schedule, prepare
-from jdp.seqrec.releases import DP_SGD_STEP, PrivacySetup, partial_report, privacy_setup, sampling_plan
+from jdp.seqrec.releases import DP_FEST_STEP, DP_SGD_STEP, PrivacySetup, partial_report, privacy_setup, sampling_plan
 from jdp.validation import check_positive
 
 
@@ -197,7 +197,7 @@ def _train_steps(run: Run, loop: _Loop, t_start: float, ckpt, record, progress: 
                  show_private_diagnostics: bool, max_seconds, time_budget_s) -> None:
     """`train`'s loop: every step of [loop.start, loop.stop) unless time runs out (public), checkpoints."""
     private_keys = ("train_loss", "num_nonfinite")  # history entries shown only with show_private_diagnostics
-    zero = jax.tree_util.tree_map(jnp.zeros_like, run.state.params)
+    zero = run.zeros(run.state.params)
     it = tqdm(range(loop.start, loop.stop), desc=f"{run.cfg.model} eps={run.cfg.epsilon}", disable=not progress,
               initial=loop.start, total=run.steps)
     for step in it:
@@ -311,7 +311,7 @@ def budget_says_stop(elapsed: float, done: int, per_epoch: int, step_s: list[flo
 
 # `train`'s own names, then those of the pieces it runs with (their homes: the modules above), importable from here
 __all__ = ["TrainResult", "budget_says_stop", "train",
-           "DEFAULT_WINDOWS", "DP_SGD_STEP", "ITEM_INITS", "ITEM_INIT_EPSILON_SHARE", "NEGATIVE_SAMPLERS",
+           "DEFAULT_WINDOWS", "DP_FEST_STEP", "DP_SGD_STEP", "ITEM_INITS", "ITEM_INIT_EPSILON_SHARE", "NEGATIVE_SAMPLERS",
            "NONPRIVATE_CPU_ROWS", "PrivacySetup", "RESUMABLE_FIELDS", "TrainConfig", "check_negatives",
            "check_resumable", "dp_sgd_event", "freeze_item_rows", "freeze_item_table_loss", "frozen_item_rows",
            "length_chunks", "lr_schedule", "negative_probs", "partial_report", "privacy_setup", "run_record",

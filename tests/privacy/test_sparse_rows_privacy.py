@@ -72,3 +72,80 @@ def test_counts_are_jit_compatible_and_match_eagerly():
     np.testing.assert_array_equal(np.asarray(jax.jit(row_counts, static_argnums=(2,))(ids, jnp.ones(2), 5)),
                                   np.asarray(eager))
     np.testing.assert_allclose(np.asarray(eager), [0, 2 ** -0.5, 2 ** -0.5, 1.0, 0], rtol=1e-7)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The whole DP-FEST step as dp_sgd runs it: what one unit moves in what `accumulate` sums.
+import flax.linen as nn  # noqa: E402
+import optax  # noqa: E402
+
+from jdp.clipping import dp_sgd  # noqa: E402
+from jdp.clipping.sparse_rows import SparseRows, split_noise, step_noise_multiplier  # noqa: E402
+
+GRAD_BOUND = 1.0 + 1e-5  # the engine's bound on one unit's clipped gradient, ÷ C (docs/privacy.md)
+
+
+class _TiedNext(nn.Module):
+    @nn.compact
+    def __call__(self, ids):
+        embed = nn.Embed(30, 8, name="item_embed")
+        return embed.attend(nn.Dense(8, name="body")(embed(ids).sum(1)))
+
+
+def _fest(ids_fn, C=1.0):
+    model = _TiedNext()
+
+    def loss_fn(p, batch):
+        return optax.softmax_cross_entropy_with_integer_labels(model.apply(p, batch["input"]), batch["target"])
+    spec = SparseRows(("params", "item_embed", "embedding"), ids_fn)
+    dp = dp_sgd(loss_fn, optax.sgd(0.1), num_examples=100, batch_size=10, l2_clip=C, delta=1e-5, steps=1,
+                noise_multiplier=1.0, sparse_rows=spec)
+    return model, dp
+
+
+def _unit_moves(dp, params, batch, unit):
+    """(‖Δ clipped sum‖, ‖Δ counts‖) when `unit` leaves the chunk (its mask set to 0), in float64 from float32."""
+    on = jnp.ones(batch["input"].shape[0], bool)
+    (g1, c1), _ = dp.accumulate(params, dp.zeros(params), batch, on)
+    (g0, c0), _ = dp.accumulate(params, dp.zeros(params), batch, on.at[unit].set(False))
+    dg = np.sqrt(sum(float(np.sum((np.asarray(a, np.float64) - np.asarray(b, np.float64)) ** 2))
+                     for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0))))
+    dc = float(np.linalg.norm(np.asarray(c1, np.float64) - np.asarray(c0, np.float64)))
+    return dg, dc
+
+
+@pytest.mark.parametrize("scale", [1e-6, 1e-3, 1.0, 1e3, 1e6])
+def test_one_crafted_unit_moves_the_dp_fest_step_within_its_combined_bound(scale):
+    """Random restarts at extreme parameter scales with crafted ids (padding, -1, past the table, one repeated
+    row, huge) and targets: each unit's move of the clipped sum stays ≤ C(1 + 1e-5), of the counts ≤ 1 + 2⁻²², so
+    of the pair scaled by the step's two noises ≤ 1/σ (the one Gaussian the report accounts)."""
+    model, dp = _fest(lambda b: jnp.concatenate([b["input"], b["target"][:, None]], 1), C=0.5)
+    rng = np.random.default_rng(int(np.log10(scale)) + 10)
+    params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 5), jnp.int32))
+    params = jax.tree.map(lambda x: x * scale, params)
+    sigma_g, sigma_r = split_noise(dp.noise_multiplier, dp.sparse_rows.ratio)
+    worst = 0.0
+    for trial in range(6):
+        ids = rng.integers(0, 30, size=(8, 5))
+        ids[0] = [[-1, 29, -1, 29, 0], [0, 0, 0, 0, 0], [7, 7, 7, 7, 7], [30, 10**6, -10**6, 3, 3],
+                  [1, 2, 3, 4, 5], [29, 28, 27, 26, 25]][trial]
+        target = rng.integers(-2, 32, size=8)
+        batch = {"input": jnp.asarray(ids, jnp.int32), "target": jnp.asarray(target, jnp.int32)}
+        dg, dc = _unit_moves(dp, params, batch, 0)
+        assert dg <= 0.5 * GRAD_BOUND and dc <= BOUND
+        worst = max(worst, np.hypot(dg / (sigma_g * 0.5), dc / sigma_r) * step_noise_multiplier(sigma_g, sigma_r))
+    assert worst <= GRAD_BOUND
+
+
+def test_an_ids_function_that_reads_other_units_cannot_move_their_counts():
+    """`ids` runs on each unit alone: a function that would hand unit b+1's rows to unit b (a roll over the batch)
+    sees a batch of one, so removing a unit moves only its own counts, by at most 1."""
+    model, dp = _fest(lambda b: jnp.roll(b["input"], 1, axis=0))
+    params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 5), jnp.int32))
+    rng = np.random.default_rng(3)
+    batch = {"input": jnp.asarray(rng.integers(1, 30, size=(8, 5)), jnp.int32),
+             "target": jnp.asarray(rng.integers(1, 30, size=8), jnp.int32)}
+    own = SparseRows(dp.sparse_rows.table, lambda b: b["input"])
+    np.testing.assert_allclose(dp.sparse_rows.counts(params, batch, jnp.ones(8)), own.counts(params, batch, jnp.ones(8)))
+    for unit in range(8):
+        assert _unit_moves(dp, params, batch, unit)[1] <= BOUND

@@ -471,3 +471,30 @@ def test_optimizers_for_dp_noise_get_the_runs_public_noise_variance():
     for bad in ({"optimizer": "lamb"}, {"adam_bc_gamma": 0.0}):
         with pytest.raises(ValueError, match="optimizer|adam_bc_gamma"):
             train.TrainConfig(**bad).validate()
+
+
+def test_sparse_item_rows_update_only_selected_rows_at_the_same_epsilon():
+    """`TrainConfig(sparse_item_rows=True)` (DP-FEST on the item table): the same σ and ε as plain DP-SGD, the
+    report names the step; with a threshold no noisy count reaches, the item table never moves while the rest of
+    the model trains (SGD without momentum: an unselected row's update is exactly 0)."""
+    d = _toy()
+    base = dict(model="transformer", epsilon=4.0, epochs=1.0, batch_size=16, chunk_rows=256, d=8, blocks=1, lr=1e-1,
+                eval_chunk=32, length_buckets=(), optimizer="sgd-momentum", weight_decay=0.0)
+    key = jax.random.key(0)
+    plain = train.train(d, train.TrainConfig(**base), key, progress=False, evaluate_test=False)
+    fest = train.train(d, train.TrainConfig(sparse_item_rows=True, **base), key, progress=False, evaluate_test=False)
+    assert fest.noise_multiplier == plain.noise_multiplier
+    assert fest.privacy.epsilon() == pytest.approx(plain.privacy.epsilon(), rel=1e-12)
+    assert fest.privacy.releases[-1].name == train.DP_FEST_STEP
+    never = train.train(d, train.TrainConfig(sparse_item_rows=True, sparse_threshold=1e6, **base), key,
+                        progress=False, evaluate_test=False)
+    start = train.train(d, train.TrainConfig(sparse_item_rows=True, sparse_threshold=1e6, **base), key,
+                        progress=False, evaluate_test=False, max_steps=0).params
+    emb = lambda p: np.asarray(p["params"]["item_embed"]["embedding"])  # noqa: E731
+    np.testing.assert_array_equal(emb(never.params), emb(start))
+    assert not np.array_equal(emb(fest.params), emb(start))
+    assert not np.allclose(never.params["params"]["ln_f"]["scale"], start["params"]["ln_f"]["scale"])
+    for bad in ({"sparse_item_rows": True, "model": "gru"}, {"sparse_item_rows": True, "freeze_item_table": True},
+                {"sparse_ratio": 0.0}, {"sparse_threshold": float("nan")}):
+        with pytest.raises(ValueError, match="sparse"):
+            train.TrainConfig(**bad).validate()
