@@ -96,7 +96,7 @@ def main(argv=None) -> None:
         P.make_loss_fn = freeze_table_loss(P.make_loss_fn)  # the loss `train` builds
     cfg = T.TrainConfig(model=args.model, epsilon=args.epsilon, delta=DELTA, epochs=args.epochs, batch_size=1024,
                         lr=args.lr, normalize=True, eval_every_epochs=2.0,
-                        clipping="vmap" if args.freeze_table else "auto")
+                        clipping="vmap" if args.freeze_table else "auto", item_init="random")
     t0 = time.perf_counter()
     res = T.train(cand, cfg, k_train, public_item_counts=public if args.model == "dpformer" else None,
                   progress=False)

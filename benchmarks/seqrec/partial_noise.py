@@ -43,7 +43,7 @@ def main(argv=None) -> None:
     ap.add_argument("--checkpoint", default=None, help="keep the trained state in this file (continued if it exists)")
     args = ap.parse_args(argv)
     data = D.load("amazon-games", path=fetch("amazon-games", args.data_dir))
-    cfg = train.TrainConfig(model="transformer", epsilon=8.0, epochs=args.epochs, batch_size=1024, lr=3e-3,
+    cfg = train.TrainConfig(model="transformer", item_init="random", epsilon=8.0, epochs=args.epochs, batch_size=1024, lr=3e-3,
                             normalize=True, dropout=0.5, eval_every_epochs=2)
     original = noise.add_gaussian_tree
     noise.add_gaussian_tree = noise_only_on(args.group)  # the DP-SGD step reads it when it is traced

@@ -109,7 +109,7 @@ def main(argv=None) -> int:
         for seed in args.seeds:  # seed-major: paired rows first if the run is cut short
             for model in args.models:
                 cfg = TrainConfig(model=model, epsilon=eps, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                                  dropout=dropout, clipping=args.clipping)
+                                  dropout=dropout, clipping=args.clipping, item_init="random")  # the paper's
                 t0 = time.perf_counter()
                 r = train(d, cfg, jax.random.key(seed), progress=sys.stderr.isatty())
                 diag = tail_attention_mass(model, d, {"cfg": cfg, "params": r.params, "reatt": r.reatt}, seed=seed)

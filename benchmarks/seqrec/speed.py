@@ -114,7 +114,8 @@ def variant(name: str, data_path: str, steps: int, negatives: int = 1024, warm_e
                       lr=1e-3, dropout=0.5, clipping="vmap" if name == "vmap" else "auto",
                       chunk_rows=256 if name == "vmap" else TrainConfig().chunk_rows,
                       negatives=negatives if name == "dp_sampled" else 0,
-                      batch_chunk=None if name.endswith("_whole") else TrainConfig().batch_chunk)
+                      batch_chunk=None if name.endswith("_whole") else TrainConfig().batch_chunk,
+                      item_init="random")  # the paper's start: the timed step is the same either way
     _, _, total = sampling_plan(data, cfg)
     per_epoch = int(np.ceil(data.n_users / cfg.batch_size))
     warm_epochs = warm_epochs if steps <= 0 else 0
@@ -152,7 +153,7 @@ def paired(data_path: str, epochs: int = 1, warm_epochs: int = 1) -> dict:
     from jdp.seqrec.nonprivate import nonprivate_step
     from jdp.seqrec.prepare import reatt_inputs
     data = _data(data_path)
-    cfg = tr.TrainConfig(model="dpformer", epsilon=8.0, batch_size=1024, lr=1e-3, dropout=0.5)
+    cfg = tr.TrainConfig(model="dpformer", epsilon=8.0, batch_size=1024, lr=1e-3, dropout=0.5, item_init="random")
     N, q, steps = tr.sampling_plan(data, cfg)
     L, M = data.maxlen, data.n_items
     key = jax.random.key(0)

@@ -140,15 +140,17 @@ def _add_item_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trainable-items", type=int, default=0,
                    help="train only the embedding rows of the K items with the largest public (--public-item-counts) "
                         "or released counts (a private run releases the item histogram for it); 0 = every row")
-    p.add_argument("--item-init", default="random", choices=list(ITEM_INITS),
+    p.add_argument("--item-init", default="auto", choices=list(ITEM_INITS),
                    help="transitions (beyond the paper; dpformer / transformer): the item table starts from ONE release "
                         "of item-to-item transitions (jdp.seqrec.transitions) in the same report, and the blocks' "
-                        "residual branches start at 0, so training starts from that release's scorer")
+                        "residual branches start at 0, so training starts from that release's scorer; random: the "
+                        "paper's start; auto: transitions for a private dpformer / transformer run, else random")
     p.add_argument("--freeze-item-table", action="store_true",
                    help="the item table never trains (not differentiated; the noise drawn for it is discarded): with "
                         "--item-init transitions it keeps the release and DP-SGD trains the rest of the model")
-    p.add_argument("--item-init-k", type=int, default=TrainConfig.item_init_k,
-                   help="--item-init transitions: candidate items of the release (a public choice)")
+    p.add_argument("--item-init-k", type=int, default=None,
+                   help="the item start's candidate items (a public choice); default: the transitions model's rule "
+                        "round(2.5 sqrt(N / sigma)) of the users N and the release's noise sigma (500 non-private)")
     p.add_argument("--item-init-noise", type=float, default=None,
                    help="--item-init transitions: the release's noise std (per-user Frobenius norm 1); default: the "
                         f"item releases alone spend {ITEM_INIT_EPSILON_SHARE:g} of epsilon")

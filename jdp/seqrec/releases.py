@@ -21,6 +21,8 @@ from jdp.seqrec.data import SeqData, item_presence
 from jdp.validation import check_privacy
 
 DP_SGD_STEP = "DP-SGD step (Poisson-sampled Gaussian)"  # the report's name of the training steps' release
+ITEM_INIT_MAX_NOISE = 500.0  # the largest transition noise std the item start calibrates (its bracket's end)
+NONPRIVATE_ITEM_INIT_K = 500  # the item start's candidates in a NON-PRIVATE reference run without item_init_k
 DP_FEST_STEP = "DP-SGD step with the item rows selected by noisy counts (DP-FEST; Poisson-sampled Gaussian)"
 
 
@@ -88,19 +90,26 @@ def privacy_setup(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_c
 
 def _item_start(data: SeqData, cfg: TrainConfig, key: jax.Array, report: accounting.PrivacyReport | None,
                 public_item_counts: np.ndarray | None) -> tr.TransitionModel | None:
-    """item_init="transitions": the transition release the item table starts from, added to `report` (exact
-    when report is None: the NON-PRIVATE reference); its candidates are the top item_init_k of its own
-    popularity release, or of the declared public counts."""
-    if cfg.item_init != "transitions":
+    """item_init="transitions" (or "auto" resolved to it, `TrainConfig.item_start`): the transition release the
+    item table starts from, added to `report` (exact when report is None: the NON-PRIVATE reference); its
+    candidates are the top item_init_k (None: `transitions.default_k`) of its own popularity release, or of the
+    declared public counts. None (random start) for "auto" when the releases cannot fit in their share of ε."""
+    if cfg.item_start() != "transitions":
         return None
-    if cfg.item_init_k > data.n_items:
-        raise ValueError(f"item_init_k must be <= the number of items ({data.n_items}), got {cfg.item_init_k}")
+    k = cfg.item_init_k
+    if k is not None and k > data.n_items:
+        raise ValueError(f"item_init_k must be <= the number of items ({data.n_items}), got {k}")
     noise_std = cfg.item_init_noise
     if report is not None:
         hist = [] if public_item_counts is not None else [accounting.gaussian_event(tr.HIST_NOISE_MULTIPLIER)]
+        if noise_std is None and cfg.item_init == "auto" and accounting.compute_epsilon(
+                dpe.ComposedDpEvent(hist + [accounting.gaussian_event(ITEM_INIT_MAX_NOISE)]), cfg.delta) \
+                >= ITEM_INIT_EPSILON_SHARE * cfg.epsilon:
+            return None  # "auto": the start's releases cannot fit in their share of a small ε (public): random start
         if noise_std is None:
             noise_std = accounting.calibrate(lambda s: dpe.ComposedDpEvent(hist + [accounting.gaussian_event(s)]),
-                                             ITEM_INIT_EPSILON_SHARE * cfg.epsilon, cfg.delta, bracket=(0.05, 500.0))
+                                             ITEM_INIT_EPSILON_SHARE * cfg.epsilon, cfg.delta,
+                                             bracket=(0.05, ITEM_INIT_MAX_NOISE))
         else:
             spent = accounting.compute_epsilon(dpe.ComposedDpEvent(
                 [r.composed_event() for r in report.releases] + hist + [accounting.gaussian_event(noise_std)]),
@@ -109,7 +118,11 @@ def _item_start(data: SeqData, cfg: TrainConfig, key: jax.Array, report: account
                 raise ValueError(f"the releases before DP-SGD (item table start: item_init_noise={noise_std:g}) "
                                  f"already spend epsilon={spent:.3g} >= {cfg.epsilon:g}: raise item_init_noise "
                                  "or epsilon")
-    return tr.release(data, cfg.item_init_k, key, report, noise_std, public_item_counts=public_item_counts)
+    if k is None:  # from public quantities: the declared users and the release's noise (the NON-PRIVATE reference: 500)
+        n_users = data.n_users if cfg.n_users_public is None else int(cfg.n_users_public)
+        k = (tr.default_k(n_users, noise_std, data.n_items) if report is not None
+             else min(NONPRIVATE_ITEM_INIT_K, data.n_items))
+    return tr.release(data, k, key, report, noise_std, public_item_counts=public_item_counts)
 
 
 def partial_report(report: accounting.PrivacyReport, steps_done: int, steps: int) -> accounting.PrivacyReport:

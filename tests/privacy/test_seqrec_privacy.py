@@ -93,7 +93,7 @@ def test_private_vocabulary_release_in_training_report(tmp_path):
                   vocab_noise_multiplier=3.0, key=jax.random.key(0))
     assert d.n_items <= 30 and len(d.vocab_releases) == 1
     assert d.vocab_releases[0].sensitivity == pytest.approx(math.sqrt(7))  # maxlen + 2 items per user
-    cfg = train.TrainConfig(model="dpformer", epsilon=3.0, batch_size=16, epochs=2.0)
+    cfg = train.TrainConfig(model="dpformer", item_init="random", epsilon=3.0, batch_size=16, epochs=2.0)
     rep, sigma, _, _ = train.privacy_setup(d, cfg, jax.random.key(1))
     names = [r.name for r in rep.releases]
     assert names[0].startswith("item vocabulary histogram") and len(names) == 3

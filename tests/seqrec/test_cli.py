@@ -14,7 +14,7 @@ def test_cli_seqrec_ml100k(tmp_path, datasets_dir, capsys):
     out = tmp_path / "run.json"
     ck = tmp_path / "ck.msgpack"
     args = ["seqrec", "--data", "ml-100k", "--data-path", str(datasets_dir / "ml-100k" / "u.data"),
-            "--model", "transformer", "--epsilon", "8", "--epochs", "0.2", "--batch-size", "128",
+            "--model", "transformer", "--item-init", "random", "--epsilon", "8", "--epochs", "0.2", "--batch-size", "128",
             "--maxlen", "16", "--d", "8", "--blocks", "1", "--chunk-rows", "4096", "--length-buckets", "8",
             "--no-progress", "--out", str(out), "--checkpoint", str(ck), "--seed", "3", "--eval-every", "0.125",
             "--plot", str(tmp_path / "curve.png")]

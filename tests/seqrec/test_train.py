@@ -136,7 +136,7 @@ def test_sampled_loss_is_corrected_cross_entropy_without_accidental_hits():
 @pytest.mark.slow
 def test_private_dpformer_report_histogram_checkpoint(tmp_path):
     d = _toy()
-    cfg = train.TrainConfig(model="dpformer", epsilon=4.0, epochs=1.0, batch_size=16, chunk_rows=256,
+    cfg = train.TrainConfig(model="dpformer", item_init="random", epsilon=4.0, epochs=1.0, batch_size=16, chunk_rows=256,
                             d=8, blocks=1, dropout=0.1, lr=1e-2, eval_chunk=32, length_buckets=())
     ck = tmp_path / "ck.msgpack"
     r = train.train(d, cfg, jax.random.key(0), checkpoint=ck, progress=False)
@@ -498,3 +498,28 @@ def test_sparse_item_rows_update_only_selected_rows_at_the_same_epsilon():
                 {"sparse_ratio": 0.0}, {"sparse_threshold": float("nan")}):
         with pytest.raises(ValueError, match="sparse"):
             train.TrainConfig(**bad).validate()
+
+
+def test_the_default_item_start_is_the_transition_release_where_it_fits():
+    """`item_init="auto"` (the default): a private DPFormer / Transformer starts from the transition release with
+    K from the public rule (`transitions.default_k`), the other models, the NON-PRIVATE reference and a private run
+    whose ε is too small for the start's releases from a random start; an explicit choice is kept."""
+    from jdp.seqrec import releases
+    d = _toy(n_users=200)
+    small = dict(batch_size=16, epochs=1.0, d=8)
+    for model, eps, want in [("dpformer", 8.0, "transitions"), ("transformer", 8.0, "transitions"),
+                             ("gru", 8.0, "random"), ("transformer-untied", 8.0, "random"),
+                             ("dpformer", None, "random")]:
+        assert train.TrainConfig(model=model, epsilon=eps, **small).item_start() == want
+    assert train.TrainConfig(model="transformer", norm="post", **small).item_start() == "random"
+    assert train.TrainConfig(item_init="random", **small).item_start() == "random"
+    setup = releases.privacy_setup(d, train.TrainConfig(model="transformer", epsilon=8.0, **small), jax.random.key(0))
+    names = [r.name for r in setup.report.releases]
+    assert names[-3:-1] == ["item popularity (per-user norm 1)", "item transition sums (per-user Frobenius norm 1)"]
+    sigma_t = setup.report.releases[-2].noise_scale
+    assert setup.item_start.items.size == transitions.default_k(d.n_users, sigma_t, d.n_items)
+    tiny = releases.privacy_setup(d, train.TrainConfig(model="transformer", epsilon=1.0, **small), jax.random.key(0))
+    assert tiny.item_start is None and len(tiny.report.releases) == 1  # only the DP-SGD steps
+    with pytest.raises(ValueError, match="cannot reach"):  # asked for explicitly, it is never dropped
+        releases.privacy_setup(d, train.TrainConfig(model="transformer", epsilon=1.0, item_init="transitions",
+                                                    **small), jax.random.key(0))
