@@ -95,16 +95,23 @@ class DPAggregateState(NamedTuple):
 
 
 def dp_aggregate(noise_multiplier: float, sensitivity: float, expected_batch_size: float,
-                 key: jax.Array) -> optax.GradientTransformation:
+                 key: jax.Array, sparse_rows: SparseRows | None = None) -> optax.GradientTransformation:
     """optax transformation: (sum of clipped grads + N(0, (sigma S)^2)) / expected batch size.
 
     Feed it `ClippedGrad.grad_sum` (a SUM over units, sensitivity S), put it first in an optax.chain.
     The noise key is split each step from `key` (explicit, reproducible). The noise is added in float32 (or the
     sum's wider dtype); given `params`, the noisy mean is then cast to each parameter's dtype.
+
+    `sparse_rows` (DP-FEST on one table, `jdp.clipping.sparse_rows`): the updates are the pair (clipped grad sum,
+    the table's row counts); sigma splits into (σ_g, σ_r) = `split_noise(sigma, ratio)`, one Gaussian of
+    multiplier sigma per step; the rows whose counts + N(0, σ_r²) exceed threshold·σ_r are selected, the sum gets
+    N(0, (σ_g S)²), and the table keeps its selected rows only (every other row's update is 0).
     """
     sigma = check_positive(noise_multiplier, "noise_multiplier")
     S = check_positive(sensitivity, "sensitivity")
     denom = check_positive(expected_batch_size, "expected_batch_size")
+    if sparse_rows is not None:
+        sigma, sigma_r = split_noise(sigma, sparse_rows.ratio)
 
     def init_fn(params):
         del params
@@ -112,41 +119,19 @@ def dp_aggregate(noise_multiplier: float, sensitivity: float, expected_batch_siz
 
     def update_fn(updates, state, params=None):
         new_key, sub = jax.random.split(state.key)
+        if sparse_rows is not None:
+            updates, counts = updates
+            sub, k_select, k_table = jax.random.split(sub, 3)
         # the sum and its noise in float32 whatever the parameters' dtype (a bfloat16 Gaussian has 8 bits);
         # the cast to the parameters' dtype comes after the noise: post-processing of the release
         updates = jax.tree.map(lambda g: g.astype(jnp.promote_types(g.dtype, jnp.float32)), updates)
-        noisy = jax.tree.map(lambda g: g / denom, noise.add_gaussian_tree(sub, updates, sigma * S))
-        if params is not None:
-            noisy = jax.tree.map(lambda g, p: g.astype(jnp.result_type(p)), noisy, params)
-        return noisy, DPAggregateState(new_key, state.count + 1)
-
-    return optax.GradientTransformation(init_fn, update_fn)
-
-
-def sparse_aggregate(noise_multiplier: float, sensitivity: float, expected_batch_size: float, key: jax.Array,
-                     spec: SparseRows) -> optax.GradientTransformation:
-    """`dp_aggregate` with DP-FEST on the table `spec.table` (`jdp.clipping.sparse_rows`): updates are the pair
-    (clipped grad sum, row counts); the rows are selected from the counts + N(0, σ_r²) over τ·σ_r, the sum gets
-    N(0, (σ_g S)²), the table only on its selected rows (every other row's update is 0), with (σ_g, σ_r) =
-    `split_noise(noise_multiplier, spec.ratio)`: one Gaussian of multiplier `noise_multiplier` per step."""
-    sigma_g, sigma_r = split_noise(noise_multiplier, spec.ratio)
-    S = check_positive(sensitivity, "sensitivity")
-    denom = check_positive(expected_batch_size, "expected_batch_size")
-
-    def init_fn(params):
-        del params
-        return DPAggregateState(key=jnp.asarray(key), count=jnp.zeros((), jnp.int32))
-
-    def update_fn(updates, state, params=None):
-        grad_sum, counts = updates
-        new_key, sub = jax.random.split(state.key)
-        k_select, k_table, k_rest = jax.random.split(sub, 3)
-        selected = select_rows(k_select, counts, sigma_r, spec.threshold * sigma_r)
-        grad_sum = jax.tree.map(lambda g: g.astype(jnp.promote_types(g.dtype, jnp.float32)), grad_sum)
-        rest = noise.add_gaussian_tree(k_rest, grad_sum, sigma_g * S)  # the table's entry is replaced below
-        noisy = jax.tree_util.tree_map_with_path(
-            lambda p, g, r: (noisy_selected_rows(k_table, g, selected, sigma_g * S) if spec.is_table(p) else r) / denom,
-            grad_sum, rest)
+        noisy = noise.add_gaussian_tree(sub, updates, sigma * S)
+        if sparse_rows is not None:  # the table: its own draw, on the selected rows only
+            selected = select_rows(k_select, counts, sigma_r, sparse_rows.threshold * sigma_r)
+            noisy = jax.tree_util.tree_map_with_path(
+                lambda p, g, n: noisy_selected_rows(k_table, g, selected, sigma * S) if sparse_rows.is_table(p) else n,
+                updates, noisy)
+        noisy = jax.tree.map(lambda g: g / denom, noisy)
         if params is not None:
             noisy = jax.tree.map(lambda g, p: g.astype(jnp.result_type(p)), noisy, params)
         return noisy, DPAggregateState(new_key, state.count + 1)
@@ -228,10 +213,8 @@ class DPSGD:
         return rep.add_release(dp_sgd_release(self.noise_multiplier, self.sampling_rate, self.l2_clip, n, name))
 
     def transform(self, key: jax.Array) -> optax.GradientTransformation:
-        aggregate = (dp_aggregate if self.sparse_rows is None
-                     else functools.partial(sparse_aggregate, spec=self.sparse_rows))
-        return optax.chain(aggregate(self.noise_multiplier, self.l2_clip, self.expected_batch_size, key),
-                           self.optimizer)
+        return optax.chain(dp_aggregate(self.noise_multiplier, self.l2_clip, self.expected_batch_size, key,
+                                        self.sparse_rows), self.optimizer)
 
     def init(self, params: Any, key: jax.Array) -> DPSGDState:
         """`key` seeds the noise of every step."""
@@ -464,4 +447,4 @@ def dp_sgd(loss_fn: Callable, optimizer: optax.GradientTransformation, *, num_ex
 
 __all__ = ["DPAggregateState", "DPSGD", "DPSGDState", "DP_FEST_RELEASE", "DP_SGD_RELEASE", "calibrate_noise_multiplier",
            "clipped_accumulate", "default_max_batch_size", "dp_aggregate", "dp_sgd", "dp_sgd_event", "dp_sgd_release",
-           "poisson_indices", "poisson_keep", "poisson_sample", "sparse_aggregate"]
+           "poisson_indices", "poisson_keep", "poisson_sample"]

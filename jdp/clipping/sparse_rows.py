@@ -22,7 +22,7 @@ noisy sum to the selected rows is post-processing of the selection.
 In a DP-SGD run: `dp_sgd(..., sparse_rows=SparseRows(table=..., ids=...))`. The run's noise multiplier σ is
 calibrated as for plain DP-SGD (same event) and split into σ_g and σ_r = ratio·σ_g with (σ_g⁻² + σ_r⁻²)^(-1/2) = σ
 (`split_noise`); each chunk's `accumulate` also sums the counts of the rows its units touch, and `apply`
-(`dp_sgd.sparse_aggregate`) selects, adds the noise and zeroes the table's other rows. Rows a unit touches are what the
+(`dp_sgd.dp_aggregate`) selects, adds the noise and zeroes the table's other rows. Rows a unit touches are what the
 caller's `ids` says (e.g. a sequence model's input and target items); gradient that reaches other rows (a full
 softmax over a tied table reaches every row) is dropped with them: a projection, which never adds sensitivity.
 """

@@ -476,13 +476,15 @@ def test_optimizers_for_dp_noise_get_the_runs_public_noise_variance():
 def test_sparse_item_rows_update_only_selected_rows_at_the_same_epsilon():
     """`TrainConfig(sparse_item_rows=True)` (DP-FEST on the item table): the same σ and ε as plain DP-SGD, the
     report names the step; with a threshold no noisy count reaches, the item table never moves while the rest of
-    the model trains (SGD without momentum: an unselected row's update is exactly 0)."""
+    the model trains (an unselected row's gradient and noise are exactly 0, so momentum never moves it); with one
+    every count passes, it moves."""
     d = _toy()
     base = dict(model="transformer", epsilon=4.0, epochs=1.0, batch_size=16, chunk_rows=256, d=8, blocks=1, lr=1e-1,
-                eval_chunk=32, length_buckets=(), optimizer="sgd-momentum", weight_decay=0.0)
+                eval_chunk=32, length_buckets=(), optimizer="sgd-momentum", weight_decay=0.0, item_init="random")
     key = jax.random.key(0)
     plain = train.train(d, train.TrainConfig(**base), key, progress=False, evaluate_test=False)
-    fest = train.train(d, train.TrainConfig(sparse_item_rows=True, **base), key, progress=False, evaluate_test=False)
+    fest = train.train(d, train.TrainConfig(sparse_item_rows=True, sparse_threshold=-1e6, **base), key,
+                       progress=False, evaluate_test=False)  # every row selected
     assert fest.noise_multiplier == plain.noise_multiplier
     assert fest.privacy.epsilon() == pytest.approx(plain.privacy.epsilon(), rel=1e-12)
     assert fest.privacy.releases[-1].name == train.DP_FEST_STEP
