@@ -473,6 +473,7 @@ def test_optimizers_for_dp_noise_get_the_runs_public_noise_variance():
             train.TrainConfig(**bad).validate()
 
 
+@pytest.mark.slow  # three trainings (17 s); the mechanism itself: tests/clipping/test_sparse_rows.py
 def test_sparse_item_rows_update_only_selected_rows_at_the_same_epsilon():
     """`TrainConfig(sparse_item_rows=True)` (DP-FEST on the item table): the same σ and ε as plain DP-SGD, the
     report names the step; with a threshold no noisy count reaches, the item table never moves while the rest of
