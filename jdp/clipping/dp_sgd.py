@@ -125,12 +125,14 @@ def dp_aggregate(noise_multiplier: float, sensitivity: float, expected_batch_siz
         # the sum and its noise in float32 whatever the parameters' dtype (a bfloat16 Gaussian has 8 bits);
         # the cast to the parameters' dtype comes after the noise: post-processing of the release
         updates = jax.tree.map(lambda g: g.astype(jnp.promote_types(g.dtype, jnp.float32)), updates)
-        noisy = noise.add_gaussian_tree(sub, updates, sigma * S)
-        if sparse_rows is not None:  # the table: its own draw, on the selected rows only
+        if sparse_rows is None:
+            noisy = noise.add_gaussian_tree(sub, updates, sigma * S)
+        else:  # the table's noise is its own draw, on the selected rows only (the other leaves' draw skips it)
             selected = select_rows(k_select, counts, sigma_r, sparse_rows.threshold * sigma_r)
+            rest = jax.tree_util.tree_map_with_path(lambda p, g: g[:0] if sparse_rows.is_table(p) else g, updates)
             noisy = jax.tree_util.tree_map_with_path(
                 lambda p, g, n: noisy_selected_rows(k_table, g, selected, sigma * S) if sparse_rows.is_table(p) else n,
-                updates, noisy)
+                updates, noise.add_gaussian_tree(sub, rest, sigma * S))
         noisy = jax.tree.map(lambda g: g / denom, noisy)
         if params is not None:
             noisy = jax.tree.map(lambda g, p: g.astype(jnp.result_type(p)), noisy, params)
