@@ -28,7 +28,7 @@ from jdp.seqrec.item_table import (freeze_item_rows, freeze_item_table_loss, fro
                                    zero_item_rows)
 from jdp.seqrec.models import make_loss_fn, make_model
 from jdp.seqrec.nonprivate import nonprivate_step
-from jdp.seqrec.releases import privacy_setup
+from jdp.seqrec.releases import check_item_init_k, privacy_setup
 
 
 @dataclasses.dataclass
@@ -88,9 +88,12 @@ def prepare(data: SeqData, cfg: TrainConfig, plan: tuple[int, float, int], key: 
             raise ValueError(f"public_item_counts must be a finite array of shape ({M + 1},)")
     if cfg.negatives:  # fail before any work (the accounting below takes seconds)
         check_negatives(cfg, M, cfg.model == "dpformer" or public_item_counts is not None)
+    check_item_init_k(cfg, M)
     model = make_model(cfg.model, M, L, cfg.d, cfg.heads, cfg.blocks, cfg.dropout, cfg.activation, cfg.norm,
                        cfg.ffn_dim, cfg.item_dim)
     k_init, k_hist, k_train = jax.random.split(key, 3)
+    if initial_params is not None:  # refused before any release or compilation (abstract shapes only)
+        _check_initial_params(initial_params, jax.eval_shape(model.init, k_init, jnp.zeros((1, L), jnp.int32)))
 
     # compilations off the critical path: XLA releases the GIL while it compiles, so on a first run the
     # calibration and the initialisation's compilation overlap the first step's clipped accumulation (its program
@@ -225,7 +228,7 @@ def _check_initial_params(initial, reference):
     if jax.tree_util.tree_structure(initial) != jax.tree_util.tree_structure(reference):
         raise ValueError("initial_params must have the model's parameter structure (model.init's)")
     pairs = zip(jax.tree_util.tree_flatten_with_path(initial)[0], jax.tree_util.tree_leaves(reference))
-    bad = [jax.tree_util.keystr(path) for (path, a), b in pairs if np.shape(a) != np.shape(b)]
+    bad = [jax.tree_util.keystr(path) for (path, a), b in pairs if np.shape(a) != tuple(b.shape)]
     if bad:
         raise ValueError(f"initial_params: wrong shape at {', '.join(bad)}")
     return jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float32), initial)

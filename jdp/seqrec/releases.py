@@ -88,6 +88,12 @@ def privacy_setup(data: SeqData, cfg: TrainConfig, key: jax.Array, public_item_c
     return PrivacySetup(report, float(sigma), counts_rel, start)
 
 
+def check_item_init_k(cfg: TrainConfig, n_items: int) -> None:
+    """item_init_k, when given, names at most every item (the vocabulary's size is known before any release)."""
+    if cfg.item_init_k is not None and cfg.item_init_k > n_items:
+        raise ValueError(f"item_init_k must be <= the number of items ({n_items}), got {cfg.item_init_k}")
+
+
 def _item_start(data: SeqData, cfg: TrainConfig, key: jax.Array, report: accounting.PrivacyReport | None,
                 public_item_counts: np.ndarray | None) -> tr.TransitionModel | None:
     """item_init="transitions" (or "auto" resolved to it, `TrainConfig.item_start`): the transition release the
@@ -96,9 +102,8 @@ def _item_start(data: SeqData, cfg: TrainConfig, key: jax.Array, report: account
     declared public counts. None (random start) for "auto" when the releases cannot fit in their share of ε."""
     if cfg.item_start() != "transitions":
         return None
+    check_item_init_k(cfg, data.n_items)
     k = cfg.item_init_k
-    if k is not None and k > data.n_items:
-        raise ValueError(f"item_init_k must be <= the number of items ({data.n_items}), got {k}")
     noise_std = cfg.item_init_noise
     if report is not None:
         hist = [] if public_item_counts is not None else [accounting.gaussian_event(tr.HIST_NOISE_MULTIPLIER)]
@@ -136,4 +141,4 @@ def partial_report(report: accounting.PrivacyReport, steps_done: int, steps: int
     return ran
 
 
-__all__ = ["DP_FEST_STEP", "DP_SGD_STEP", "PrivacySetup", "partial_report", "privacy_setup", "sampling_plan"]
+__all__ = ["DP_FEST_STEP", "DP_SGD_STEP", "PrivacySetup", "check_item_init_k", "partial_report", "privacy_setup", "sampling_plan"]

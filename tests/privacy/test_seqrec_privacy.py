@@ -278,7 +278,8 @@ def test_item_table_start_is_accounted_at_its_share_and_composed_into_epsilon():
     alone = accounting.PrivacyReport(cfg.delta, releases=item)
     assert alone.epsilon() == pytest.approx(train.ITEM_INIT_EPSILON_SHARE * 6.0, rel=1e-3)
     assert rep.epsilon() == pytest.approx(6.0, rel=1e-3)
-    assert train.privacy_setup(d, dataclasses.replace(cfg, item_init="random"), jax.random.key(0))[1] < sigma
+    random_start = dataclasses.replace(cfg, item_init="random", item_init_k=None)
+    assert train.privacy_setup(d, random_start, jax.random.key(0))[1] < sigma
 
 
 def test_training_goes_on_past_steps_with_nonfinite_users_and_counts_them():

@@ -277,11 +277,31 @@ def test_invalid_configs_raise():
                 {"item_init": "transitions", "item_init_k": 0}, {"item_init": "transitions", "item_init_noise": 0.0}):
         with pytest.raises(ValueError, match="item_init"):
             train.TrainConfig(**bad).validate()
+    for unused in ({"item_init_k": 5}, {"item_init_noise": 1.0}):  # used as given or refused
+        for cfg in ({"item_init": "random"}, {"model": "gru"}, {"epsilon": None}):
+            with pytest.raises(ValueError, match="release start"):
+                train.TrainConfig(**cfg, **unused).validate()
+    train.TrainConfig(item_init="auto", item_init_k=5, item_init_noise=1.0).validate()
+
+
+def test_inputs_that_cannot_be_used_are_refused_before_any_release(monkeypatch):
+    from jdp.seqrec import prepare as prep
+
+    def no_release(*a, **k):
+        raise AssertionError("a release was made before the input was checked")
+    monkeypatch.setattr(prep, "privacy_setup", no_release)
+    monkeypatch.setattr(prep, "_lower_first_step", no_release)
+    d = _toy()
     with pytest.raises(ValueError, match="item_init_k"):
         train.train(d, train.TrainConfig(batch_size=8, epochs=0.1, item_init="transitions", item_init_k=21),
                     jax.random.key(0))
     with pytest.raises(ValueError, match="initial_params"):
         train.train(d, train.TrainConfig(batch_size=8, epochs=0.1), jax.random.key(0), initial_params={"params": {}})
+    params = jax.eval_shape(models.make_model("dpformer", d.n_items, d.maxlen).init, jax.random.key(0),
+                            jnp.zeros((1, d.maxlen), jnp.int32))
+    bad = jax.tree.map(lambda x: np.zeros(x.shape[:-1] + (x.shape[-1] + 1,), np.float32), params)
+    with pytest.raises(ValueError, match="wrong shape"):
+        train.train(d, train.TrainConfig(batch_size=8, epochs=0.1), jax.random.key(0), initial_params=bad)
     # sanity: the calibrated noise multiplier matches the accountant for the composed events
     ev = train.dp_sgd_event(1.0, 0.1, 100)
     assert accounting.compute_epsilon(ev, 1e-5) > 0
