@@ -444,7 +444,7 @@ def test_item_table_starts_from_the_transition_release_and_the_model_starts_as_i
                                                             "item transition sums (per-user Frobenius norm 1)",
                                                             "DP-SGD step (Poisson-sampled Gaussian)"]
     assert res.privacy.epsilon() == pytest.approx(4.0, rel=1e-3)
-    plain = train.privacy_setup(d, dataclasses.replace(cfg, item_init="random"), jax.random.key(2))
+    plain = train.privacy_setup(d, dataclasses.replace(cfg, item_init="random", item_init_k=None), jax.random.key(2))
     assert plain.noise_multiplier < res.noise_multiplier     # the release's share of ε is paid by DP-SGD's noise
     exact = train.privacy_setup(d, dataclasses.replace(cfg, epsilon=None), jax.random.key(2)).item_start
     assert exact.report is None and exact.noise_multiplier == 0.0  # the NON-PRIVATE reference: exact transitions
