@@ -121,9 +121,9 @@ class TrainConfig:
             check_positive(self.item_init_noise, "item_init_noise")
         for name in ("item_init_k", "item_init_noise"):  # used as given or refused
             if getattr(self, name) is not None and self.item_start() == "random":
-                raise ValueError(f"{name} must be left unset (None): it sets the item table's release start, which this config "
-                                 f"does not make (item_init={self.item_init!r} starts at random here: model "
-                                 f"{self.model!r}, epsilon {self.epsilon})")
+                raise ValueError(f"{name} must be left unset (None): it sets the item table's release start, which "
+                                 f"this config does not make (item_init={self.item_init!r} starts at random here: "
+                                 f"model {self.model!r}, epsilon {self.epsilon})")
         if self.negative_sampler not in NEGATIVE_SAMPLERS:
             raise ValueError(f"negative_sampler must be one of {NEGATIVE_SAMPLERS}, got {self.negative_sampler!r}")
         if self.negatives and self.model == "transformer-untied":

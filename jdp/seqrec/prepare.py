@@ -93,7 +93,8 @@ def prepare(data: SeqData, cfg: TrainConfig, plan: tuple[int, float, int], key: 
                        cfg.ffn_dim, cfg.item_dim)
     k_init, k_hist, k_train = jax.random.split(key, 3)
     if initial_params is not None:  # refused before any release or compilation (abstract shapes only)
-        _check_initial_params(initial_params, jax.eval_shape(model.init, k_init, jnp.zeros((1, L), jnp.int32)))
+        initial_params = _check_initial_params(initial_params,
+                                               jax.eval_shape(model.init, k_init, jnp.zeros((1, L), jnp.int32)))
 
     # compilations off the critical path: XLA releases the GIL while it compiles, so on a first run the
     # calibration and the initialisation's compilation overlap the first step's clipped accumulation (its program
@@ -134,8 +135,8 @@ def _starting_params(run: Run, initial_params, public_item_counts) -> np.ndarray
     """Sets run.params (the caller's, the item-table start or the model's initialisation, frozen item rows at 0);
     returns the frozen item rows (None: every row trains)."""
     cfg, data, M = run.cfg, run.data, run.data.n_items
-    if initial_params is not None:  # the caller's starting point (public, or post-processing of a release)
-        run.params = _check_initial_params(initial_params, run.params)
+    if initial_params is not None:  # the caller's starting point (public, or post-processing of a release),
+        run.params = initial_params  # checked and cast by `prepare` before any work
     elif run.item_start is not None:
         run.params = start_from_item_table(run.params, run.item_start)
     frozen = None

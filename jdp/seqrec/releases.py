@@ -141,4 +141,5 @@ def partial_report(report: accounting.PrivacyReport, steps_done: int, steps: int
     return ran
 
 
-__all__ = ["DP_FEST_STEP", "DP_SGD_STEP", "PrivacySetup", "check_item_init_k", "partial_report", "privacy_setup", "sampling_plan"]
+__all__ = ["DP_FEST_STEP", "DP_SGD_STEP", "PrivacySetup", "check_item_init_k", "partial_report", "privacy_setup",
+           "sampling_plan"]
