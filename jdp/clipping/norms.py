@@ -109,9 +109,16 @@ U32 = 2.0 ** -24
 # products by the constants below): a relative slack above their count times u (`bookkeeping._clip_factors` adds
 # γ_leaves)
 BOUND_SLACK = 1.0 + 16 * U32
-# a product or sum that underflows is flushed to 0 (XLA's CPU backend flushes denormals): an absolute error of at
-# most 2^-126 per operation, far below this floor for any shape that fits in memory
+# A product or sum that underflows is flushed to 0 (XLA's CPU backend flushes denormals): an absolute error below
+# 2^-126 per operation. In the vector summed (linear in each factor) such errors stay far below ABS_FLOOR for any
+# shape that fits in memory. In a squared quantity they do not: a Gram entry of tiny factors (1e-20) flushes to 0
+# while the other factor's Gram is huge (1e34), and a unit clipped by the resulting ≈ 0 norm escaped clipping by
+# 10^11 (normalize=True). So every sum of n products or squares carries n·FLUSH (FLUSH = 2^-125 ≥ a product's
+# and an addition's flush together), multiplied by the largest value it is multiplied with: the other factor's
+# largest squared row norm for a Gram, the largest row norm for a cross term. Tests set FLUSH to 0 to reproduce
+# the norms before this term.
 ABS_FLOOR = 1e-25
+FLUSH = 2.0 ** -125
 # tests set this to False to reproduce the uncertified norms (the float32 cancellation of audit issue 69 item 1)
 _FP_BOUND = True
 
@@ -154,11 +161,11 @@ def sum_nonneg(x: jax.Array) -> tuple[jax.Array, int]:
 def row_norm_sums(A: jax.Array, B_: jax.Array | None = None) -> tuple[jax.Array, int]:
     """S = Σ_t ‖A_t‖·‖B_t‖ [B] of A [B,T,P], B [B,T,Q] (Σ_t ‖A_t‖ without B), and the n of γ_n with
     S_exact ≤ S·(1 + γ_n)."""
-    s = jnp.sqrt(jnp.sum(A * A, axis=-1))
-    n = A.shape[-1] + 2
+    s = jnp.sqrt(jnp.sum(A * A, axis=-1) + A.shape[-1] * FLUSH)
+    n = A.shape[-1] + 3
     if B_ is not None:
-        s = s * jnp.sqrt(jnp.sum(B_ * B_, axis=-1))
-        n += B_.shape[-1] + 2
+        s = s * jnp.sqrt(jnp.sum(B_ * B_, axis=-1) + B_.shape[-1] * FLUSH)
+        n += B_.shape[-1] + 3
     return jnp.sum(s, axis=-1), n + A.shape[1]
 
 
@@ -285,7 +292,8 @@ def _lookup_terms(c: LeafContribs, acc) -> tuple[tuple, _Lookups]:
     S_l, n_s = row_norm_sums(R_l)
     S_l = S_l * (1.0 + gamma(n_s))
     n2 = n2 + s_l
-    err2 = err2 + 2.0 * gamma(n_l) * s_l
+    # flushes: of the row sums' T·Q products and additions (dense form) and of the squares summed
+    err2 = err2 + 2.0 * gamma(n_l) * s_l + 2.0 * Tl * R_l.shape[2] * FLUSH
     # the row sums as computed vs exact (segment sums) and the scatter-add of `clipped_sum`: ≤ γ_{T+2} S_l each
     lin = lin + 2.0 * gamma(Tl + 2 + len(c.lookups)) * S_l
     return (n2, err2, lin), _Lookups(ids, R_l, S_l, Tl)
@@ -300,11 +308,16 @@ def _ghost_terms(c: LeafContribs, acc, P: int, Q: int, zeroed: bool, lk: _Lookup
     Tm = L.shape[1]
     gl, gr = _gram(L, zeroed), _gram(R, zeroed)
     n2 = n2 + _tree_sum(jnp.sum(gl * gr, axis=2))
-    # S_m from the Grams' diagonals: each ‖L_t‖² is off by a relative γ_P, so ‖L_t‖ by less than γ_P
-    dl, dr = jnp.diagonal(gl, axis1=1, axis2=2), jnp.diagonal(gr, axis1=1, axis2=2)
-    S_m = jnp.sum(jnp.sqrt(jnp.maximum(dl, 0.0)) * jnp.sqrt(jnp.maximum(dr, 0.0)), axis=1)
-    S_m = S_m * (1.0 + gamma(P + Q + Tm + 6))
+    # S_m from the Grams' diagonals: each ‖L_t‖² is off by a relative γ_P (and P flushes), so ‖L_t‖ by less than γ_P
+    dl = jnp.maximum(jnp.diagonal(gl, axis1=1, axis2=2), 0.0) + P * FLUSH
+    dr = jnp.maximum(jnp.diagonal(gr, axis1=1, axis2=2), 0.0) + Q * FLUSH
+    S_m = jnp.sum(jnp.sqrt(dl) * jnp.sqrt(dr), axis=1)
+    S_m = S_m * (1.0 + gamma(P + Q + Tm + 8))
     err2 = err2 + gamma(P + Q + Tm + _depth(Tm) + 4) * S_m * S_m
+    # flushes: each Gram entry is off by ≤ P·FLUSH (Q·FLUSH) against the other Gram's entries ≤ its largest
+    # diagonal; then the T² products and their sum
+    l2, r2 = jnp.max(dl, axis=1) * (1.0 + gamma(P + 2)), jnp.max(dr, axis=1) * (1.0 + gamma(Q + 2))
+    err2 = err2 + 2.0 * Tm * Tm * (P * FLUSH * r2 + Q * FLUSH * l2 + 2.0 * FLUSH)   # (FLUSH first: no overflow)
     # book-keeping's GEMM adds the example's Tm products (and a weight, and one add per site): ≤ γ S_m
     lin = lin + gamma(Tm + 2 + len(c.mats)) * S_m
     if lk is not None:
@@ -312,8 +325,10 @@ def _ghost_terms(c: LeafContribs, acc, P: int, Q: int, zeroed: bool, lk: _Lookup
         M = jnp.einsum("btq,buq->btu", lk.R, R)                      # [B, Tl, Tm], each off by γ_Q
         n2 = n2 + 2.0 * _tree_sum(jnp.sum(jnp.swapaxes(cols, 1, 2) * M, axis=2))
         # |L[u, id]| ≤ ‖L_u‖: off by ≤ γ_{Q+Tm+log Tl+2} S_l S_m; the row sums' own error (≤ γ_T S_l against
-        # ‖U_m‖ ≤ S_m) enters the cross term of the computed sums: 2 (β + γ_T) S_l S_m
+        # ‖U_m‖ ≤ S_m) enters the cross term of the computed sums: 2 (β + γ_T) S_l S_m; flushes: M's entries
+        # (≤ Q·FLUSH) against |L[u, id]| ≤ √l2, and the Tl·Tm products and their sum
         err2 = err2 + 2.0 * (gamma(Q + Tm + _depth(lk.T) + 3) + gamma(lk.T + 1)) * lk.S * S_m
+        err2 = err2 + 4.0 * lk.T * Tm * (Q * FLUSH * jnp.sqrt(l2) + 2.0 * FLUSH)
     return n2, err2, lin
 
 
@@ -388,11 +403,13 @@ def _instantiated_terms(c: LeafContribs, acc, B: int, P: int, Q: int, memory_lim
             Tm = sum(L.shape[1] for L, _ in c.mats)
             lin = lin + 2.0 * gamma(Tm + 2 + len(c.mats)) * S_m * (1.0 + gamma(n_s + len(c.mats)))
     n2 = n2 + sq + cross
-    err2 = err2 + gamma(n_sq) * sq
+    err2 = err2 + gamma(n_sq) * sq + 2.0 * P * Q * FLUSH          # flushes of the P·Q squares and their sum
     if lk is not None:
-        # the cross term: off by ≤ γ_{Q+log Tl+2} ‖U‖ S_l, and the row sums' error (≤ γ_T S_l) against ‖U‖
-        norm_u = jnp.sqrt(sq * (1.0 + gamma(n_sq)))
+        # the cross term: off by ≤ γ_{Q+log Tl+2} ‖U‖ S_l, and the row sums' error (≤ γ_T S_l) against ‖U‖;
+        # flushes of its Tl·Q products and their sum
+        norm_u = jnp.sqrt(sq * (1.0 + gamma(n_sq)) + 2.0 * P * Q * FLUSH)
         err2 = err2 + 2.0 * (gamma(Q + _depth(lk.T) + 3) + gamma(lk.T + 1)) * norm_u * lk.S
+        err2 = err2 + 4.0 * lk.T * Q * FLUSH
     return n2, err2, lin
 
 
@@ -426,10 +443,12 @@ def sq_norms_pairs(c: LeafContribs, method: str) -> tuple[jax.Array, jax.Array, 
     """Cross-example inner products for user-level (group) clipping, with their floating-point bounds:
     (K [B, B] with K[b, c] ≈ <U_b, U_c>, S [B], β, lin [B]) such that for any unit n (a set of examples)
     ‖Σ_{b∈n} U_b‖² ≤ Σ_{b,c∈n} K[b, c] + β (Σ_{b∈n} S_b)², and the vector `clipped_sum` adds for the unit is
-    within Σ_{b∈n} lin_b of Σ_{b∈n} U_b."""
+    within Σ_{b∈n} lin_b of Σ_{b∈n} U_b. Flushes (FLUSH) of a pair's entry are bounded by a product e_b·e_c, and
+    Σ_{b,c} e_b e_c = (Σ_b e_b)² is folded into the β term as S_b + e_b/√β."""
     inst_mat = choose_instantiate(c, method)
     B = next(x.shape[0] for x in ([L for L, _ in c.mats] + [R for _, R in c.lookups] + c.insts))
     K, S, lin, beta = 0.0, jnp.zeros((B,), jnp.float32), jnp.zeros((B,), jnp.float32), 0.0
+    e = jnp.full((B,), 2.0 ** -63, jnp.float32)   # flushes of a unit's row of K summed: ≤ |n|·2^-126 ≤ (Σ 2^-63)²
     R_l = ids = U = None
     P, Q = c.pq if c.pq is not None else (1, int(math.prod(c.shape)))
     T_all = sum(L.shape[1] for L, _ in c.mats)
@@ -448,8 +467,9 @@ def sq_norms_pairs(c: LeafContribs, method: str) -> tuple[jax.Array, jax.Array, 
         Kx = jnp.einsum("bpq,cpq->bcq", U, U) if P <= Q else jnp.einsum("bpq,cpq->bcp", U, U)
         K = K + _tree_sum(Kx)
         b_i = gamma(min(P, Q) + _depth(max(P, Q)) + 2)
-        S = S + jnp.sqrt(jnp.maximum(jnp.diagonal(K), 0.0) * (1.0 + 2.0 * b_i))   # ≥ ‖U_b‖ as formed
+        S = S + jnp.sqrt(jnp.maximum(jnp.diagonal(K), 0.0) * (1.0 + 2.0 * b_i) + 2.0 * P * Q * FLUSH)  # ≥ ‖U_b‖
         beta = max(beta, b_i)
+        e = e + math.sqrt(2.0 * P * Q * FLUSH)                 # a pair's P·Q products and sums
         if c.mats:   # U as formed vs the exact gradient: ≤ γ_{T+1} S_m
             lin = lin + gamma(T_all + 2) * S_m
     if c.lookups:
@@ -462,12 +482,14 @@ def sq_norms_pairs(c: LeafContribs, method: str) -> tuple[jax.Array, jax.Array, 
         RR = jnp.einsum("btq,cuq->btcu", R_l, R_l)
         K = K + jnp.sum(jnp.where(eq, RR, 0.0), axis=(1, 3))
         beta = max(beta, gamma(Q + Tl * Tl + 2))
+        e = e + Tl * math.sqrt((Q + 1) * FLUSH)                # RR's entries and their sum
         lin = lin + gamma(B * Tl + 2 + len(c.lookups)) * S_l * (1.0 + gamma(n_s))   # the scatter-add
         if U is not None:
             rows = jnp.take(U, ids, axis=1)                     # [C, B, T, Q] = U[c, ids[b,t]]
             x = jnp.einsum("cbtq,btq->bc", rows, R_l)
             K = K + x + x.T
             beta = max(beta, gamma(Tl * Q + 2))
+            e = e + math.sqrt(2.0 * Tl * Q * FLUSH)
     if c.mats and not inst_mat:
         L = _cat([l for l, _ in c.mats])
         R = _cat([r for _, r in c.mats])
@@ -476,14 +498,21 @@ def sq_norms_pairs(c: LeafContribs, method: str) -> tuple[jax.Array, jax.Array, 
         K = K + jnp.sum(gl * gr, axis=(1, 3))
         S = S + S_m
         beta = max(beta, gamma(P + Q + T_all * T_all + 2))
+        # a Gram entry's flushes (≤ P·FLUSH) against the other Gram's entries (≤ the largest row norms' product)
+        lmax = jnp.sqrt(jnp.max(jnp.sum(L * L, axis=2), axis=1) * (1.0 + gamma(P + 2)) + P * FLUSH)
+        rmax = jnp.sqrt(jnp.max(jnp.sum(R * R, axis=2), axis=1) * (1.0 + gamma(Q + 2)) + Q * FLUSH)
+        e = e + T_all * math.sqrt(FLUSH) * (math.sqrt(P) * rmax + math.sqrt(Q) * lmax + 2.0)
         if c.lookups:
             cols = jnp.take(L, ids, axis=2)                     # [C, U, B, T] = L[c, u, ids[b,t]]
             M = jnp.einsum("btq,cuq->btcu", R_l, R)
             x = jnp.einsum("cubt,btcu->bc", cols, M)
             K = K + x + x.T
             beta = max(beta, gamma(Q + T_all * Tl + 2))
+            e = e + math.sqrt(2.0 * T_all * Tl * FLUSH) * (Q * lmax + 1.0)   # M's flushes against |L| ≤ lmax
     if not _FP_BOUND:
         return K, jnp.zeros((B,), jnp.float32), 0.0, jnp.zeros((B,), jnp.float32)
+    if FLUSH > 0:
+        S = S + e / math.sqrt(beta)
     return K, S, beta, lin
 
 
@@ -513,4 +542,4 @@ def clipped_sum(c: LeafContribs, weights: jax.Array, all_finite: bool = False) -
 
 __all__ = ["LeafContribs", "choose_instantiate", "describe", "finite_rows", "zero_rows", "sq_norms_diag",
            "sq_norms_pairs", "clipped_sum", "gamma", "sum_nonneg",
-           "BOUND_SLACK", "ABS_FLOOR"]
+           "BOUND_SLACK", "ABS_FLOOR", "FLUSH"]

@@ -30,6 +30,9 @@ from jdp.clipping import norms
 
 SLACK = 1e-5
 SCALES = (1e-6, 1e-3, 1.0, 1e3, 1e6)
+# the two sides of a product at different scales: squared values of the small side underflow (flush to 0) while
+# the large side's Gram is huge (the underflow escape found after issue 69: normalize=True, 10^11 × C)
+UNBALANCED = ((1e17, 1e-20), (1e-20, 1e17), (1.0, 1e-22), (1e-22, 1.0))
 
 
 # ------------------------------------------------------------------------------- the norms themselves
@@ -39,8 +42,9 @@ def _certified(c, method="auto", memory_limit=1 << 26):
     N = (jnp.sqrt(q) + lin) * norms.BOUND_SLACK * (1 + norms.gamma(2)) + norms.ABS_FLOOR
     if not norms._FP_BOUND:
         N = jnp.sqrt(jnp.maximum(q, 0.0))
-    W = norms.clipped_sum(c, jnp.ones((q.shape[0],), jnp.float32), all_finite=True)
-    return jnp.sqrt(jnp.sum(W.astype(jnp.float32) ** 2)), N[0]
+    W = norms.clipped_sum(c, jnp.ones((q.shape[0],), jnp.float32), all_finite=True).astype(jnp.float32)
+    m = jnp.max(jnp.abs(W))     # measured at its own scale: the squares of a 1e-20 vector would flush to 0
+    return jnp.where(m > 0, m * jnp.sqrt(jnp.sum((W / jnp.where(m > 0, m, 1.0)) ** 2)), 0.0), N[0]
 
 
 def _leaf(kind, f, P, Q):
@@ -56,13 +60,16 @@ def _leaf(kind, f, P, Q):
     raise ValueError(kind)
 
 
-def _start(kind, rng, P, Q, T, scale, cancel):
-    """Random factors at a scale; `cancel`: positions in pairs with equal left factors and right factors
-    v, −(1 − e)v (the cancellation of issue 69's repro), or equal ids with opposite rows."""
+def _start(kind, rng, P, Q, T, scale, cancel, unbalanced=None):
+    """Random factors at a scale (`unbalanced`: the left and right factors at the two scales of the pair);
+    `cancel`: positions in pairs with equal left factors and right factors v, −(1 − e)v (the cancellation of
+    issue 69's repro), or equal ids with opposite rows."""
     def g(*s):
         return rng.normal(size=s) * scale
 
     L, R = g(1, T, P), g(1, T, Q)
+    if unbalanced is not None:
+        L, R = L / scale * unbalanced[0], R / scale * unbalanced[1]
     if cancel:
         e = 10.0 ** rng.uniform(-7, -3)
         L[:, 1::2] = L[:, 0:T - 1:2]
@@ -77,7 +84,8 @@ def _start(kind, rng, P, Q, T, scale, cancel):
 
 
 def _attack_leaf(kind, P, Q, T, restarts, steps, seed=0):
-    """Largest ‖summed‖ / certified norm found: restarts, each followed by gradient ascent on the float factors."""
+    """Largest ‖summed‖ / certified norm found: restarts (then the unbalanced scales, with and without
+    cancellation), each followed by gradient ascent on the float factors."""
     rng = np.random.default_rng(seed)
 
     def ratio(f):
@@ -90,8 +98,10 @@ def _attack_leaf(kind, P, Q, T, restarts, steps, seed=0):
 
     grad = jax.jit(jax.grad(lambda fl, ints: objective({**fl, **ints})))
     worst = 0.0
-    for r in range(restarts):
-        f = _start(kind, rng, P, Q, T, SCALES[r % len(SCALES)], cancel=r % 2 == 0)
+    starts = [(SCALES[r % len(SCALES)], r % 2 == 0, None) for r in range(restarts)]
+    starts += [(1.0, cancel, pair) for pair in UNBALANCED for cancel in (False, True)]
+    for scale, cancel, pair in starts:
+        f = _start(kind, rng, P, Q, T, scale, cancel=cancel, unbalanced=pair)
         ints = {"ids": f.pop("ids")}
         for _ in range(steps):
             worst = max(worst, float(jnp.exp(objective({**f, **ints}))))
@@ -122,6 +132,14 @@ def test_the_attacker_breaks_the_uncertified_norm(monkeypatch):
     succeed would prove nothing."""
     monkeypatch.setattr(norms, "_FP_BOUND", False)
     assert _attack_leaf("ghost", 64, 64, 2, restarts=4, steps=1) > 10.0
+
+
+@pytest.mark.parametrize("kind,P,Q,T", [("ghost", 64, 64, 2), ("lookup", 7, 5, 8), ("phantom", 9, 6, 6)])
+def test_the_attacker_breaks_the_norm_without_its_underflow_terms(monkeypatch, kind, P, Q, T):
+    """The certified norm as it stood before its flush terms (norms.FLUSH = 0): an unbalanced start
+    (one factor's squares underflow) beats it, so the search reaches the underflow regime."""
+    monkeypatch.setattr(norms, "FLUSH", 0.0)
+    assert _attack_leaf(kind, P, Q, T, restarts=0, steps=1) > 10.0
 
 
 # ------------------------------------------------------------------------------------- whole models
@@ -210,8 +228,8 @@ def _model_case(name, method, mode):
         out = model.apply({"params": p}, b["x"])
         return jnp.sum(out.reshape(out.shape[0], -1) * b["c"].reshape(out.shape[0], -1)[:, :out[0].size], axis=1)
 
-    group = mode == "user"
-    kw = dict(l2_clip=1.0, method=method, normalize=mode == "normalize")
+    group = mode in ("user", "user_normalize")
+    kw = dict(l2_clip=1.0, method=method, normalize=mode in ("normalize", "user_normalize"))
     if group:
         kw.update(group_ids=jnp.array([0, 0, 1, 1]), num_groups=2)
 
@@ -224,10 +242,12 @@ def _model_case(name, method, mode):
     return params, contribution, out_size, group
 
 
-def _crafted(rng, scale, out_size, group, cancel):
-    """The attacked unit: rows 0 (and 1 for a user) unmasked; near-cancelling positions or examples."""
-    x = rng.normal(size=(NB, T, D)) * scale
-    c = rng.normal(size=(NB, max(out_size, T * D))) * scale
+def _crafted(rng, scale, out_size, group, cancel, unbalanced=None):
+    """The attacked unit: rows 0 (and 1 for a user) unmasked; near-cancelling positions or examples;
+    `unbalanced`: inputs and output weights at the two scales of the pair."""
+    xs, cs = (scale, scale) if unbalanced is None else unbalanced
+    x = rng.normal(size=(NB, T, D)) * xs
+    c = rng.normal(size=(NB, max(out_size, T * D))) * cs
     if cancel:
         e = 10.0 ** rng.uniform(-7, -3)
         x[0, 1::2] = x[0, 0::2]                      # every position pairs with a cancelling one
@@ -244,10 +264,12 @@ def _attack_model(name, method, mode, restarts, seed=0, params_scales=(1.0,)):
     params, contribution, out_size, group = _model_case(name, method, mode)
     rng = np.random.default_rng(seed)
     worst = 0.0
-    for r in range(restarts):
+    starts = [(SCALES[r % len(SCALES)], r % 2 == 0, None) for r in range(restarts)]
+    starts += [(1.0, False, pair) for pair in UNBALANCED] + [(1.0, True, UNBALANCED[0])]
+    for scale, cancel, pair in starts:
         for ps in params_scales:
             p = jax.tree.map(lambda a: a * ps, params)
-            x, c, mask = _crafted(rng, SCALES[r % len(SCALES)], out_size, group, cancel=r % 2 == 0)
+            x, c, mask = _crafted(rng, scale, out_size, group, cancel=cancel, unbalanced=pair)
             val = float(contribution(p, x, c, mask))
             if np.isfinite(val):
                 worst = max(worst, val)
@@ -257,7 +279,8 @@ def _attack_model(name, method, mode, restarts, seed=0, params_scales=(1.0,)):
 FAST_MODES = [(name, "auto", "example") for name in MODELS] + [
     ("dense", m, mode) for m in ("ghost", "ghost-two-pass", "vmap") for mode in ("example", "user", "normalize")] + [
     ("dense", "auto", "user"), ("dense", "auto", "normalize"), ("tied_attend", "ghost", "normalize"),
-    ("embed", "auto", "user"), ("conv2d", "ghost", "example")]
+    ("embed", "auto", "user"), ("conv2d", "ghost", "example"), ("dense", "auto", "user_normalize"),
+    ("dense", "ghost", "user_normalize"), ("tied_attend", "auto", "user_normalize")]
 
 
 @pytest.mark.parametrize("name,method,mode", FAST_MODES)
@@ -268,7 +291,7 @@ def test_no_crafted_unit_passes_the_clip_bound(name, method, mode):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(MODELS))
 @pytest.mark.parametrize("method", ["auto", "ghost", "vmap"])
-@pytest.mark.parametrize("mode", ["example", "user", "normalize"])
+@pytest.mark.parametrize("mode", ["example", "user", "normalize", "user_normalize"])
 def test_no_crafted_unit_passes_the_clip_bound_larger_search(name, method, mode):
     assert _attack_model(name, method, mode, restarts=20, seed=1, params_scales=(1e-3, 1.0, 1e3)) <= 1.0 + SLACK
 
@@ -277,3 +300,11 @@ def test_the_model_attack_breaks_the_uncertified_norm(monkeypatch):
     """Issue 69's repro at model level on the old norm: a Dense example passes nearly unclipped."""
     monkeypatch.setattr(norms, "_FP_BOUND", False)
     assert _attack_model("dense", "auto", "example", restarts=8) > 10.0
+
+
+@pytest.mark.parametrize("name,method,mode", [("dense", "auto", "normalize"), ("dense", "ghost", "user_normalize")])
+def test_the_model_attack_breaks_the_norm_without_its_underflow_terms(monkeypatch, name, method, mode):
+    """Inputs at 1e17 and output weights at 1e-20 (or the reverse): before the flush terms (norms.FLUSH = 0) one
+    example's contribution under normalize=True was ~10^11 × C, and a user's likewise."""
+    monkeypatch.setattr(norms, "FLUSH", 0.0)
+    assert _attack_model(name, method, mode, restarts=0) > 10.0
