@@ -56,7 +56,10 @@ RUNS = {("gru", 5): [("seqrec_amazon_gru_eps5_ep100_gpu", "")],
                           ("seqrec_amazon_dpformer_eps5_ep20_itemstart",
                            "item table from a release: beyond the paper"),
                           ("seqrec_amazon_dpformer_eps5_ep20_itemstart_seed1",
-                           "item table from a release, seed 1: beyond the paper")],
+                           "item table from a release, seed 1: beyond the paper"),
+                          ("seqrec_amazon_dpformer_eps5_ep20_default_start",
+                           "the default start: item table from a release, K 315 by the public rule"),
+                          ("seqrec_amazon_dpformer_eps5_ep20_default_start_seed1", "the default start, seed 1")],
         ("dpformer", 8): [("seqrec_amazon_dpformer_eps8_ep100", ""),
                           ("seqrec_amazon_dpformer_eps8_ep100_itemstart",
                            "item table from a release: beyond the paper"),
@@ -85,7 +88,10 @@ RUNS = {("gru", 5): [("seqrec_amazon_gru_eps5_ep100_gpu", "")],
                            ("seqrec_amazon_dpformer_eps10_ep20_itemstart",
                             "item table from a release: beyond the paper"),
                            ("seqrec_amazon_dpformer_eps10_ep20_itemstart_seed1",
-                            "item table from a release, seed 1: beyond the paper")]}
+                            "item table from a release, seed 1: beyond the paper"),
+                           ("seqrec_amazon_dpformer_eps10_ep20_default_start",
+                            "the default start: item table from a release, K 445 by the public rule"),
+                           ("seqrec_amazon_dpformer_eps10_ep20_default_start_seed1", "the default start, seed 1")]}
 
 
 def _run(stem: str) -> dict:
