@@ -119,7 +119,9 @@ def _output(model: SeqRecModel, h: jax.Array, embed: nn.Embed, targets: jax.Arra
     lookups of the tied table (call inside a compact method)."""
     if negatives is None:
         logits = embed.attend(h) if model.tied else nn.Dense(model.n_items + 1, name="output")(h)
-        return logits.at[..., 0].set(NEG)
+        # a select, not `.at[..., 0].set`: its gradient is elementwise and fuses into the softmax's backward,
+        # where the set's (a dynamic-update-slice) made XLA copy the [rows, M+1] logit gradients for each reader
+        return jnp.where(jnp.arange(logits.shape[-1]) == 0, NEG, logits)
     if not model.tied:
         raise ValueError("sampled softmax needs the tied output embedding (model 'transformer-untied' has none)")
     pos = jnp.sum(h * embed(targets), axis=-1, keepdims=True)

@@ -546,3 +546,18 @@ def test_the_default_item_start_is_the_transition_release_where_it_fits():
     with pytest.raises(ValueError, match="cannot reach"):  # asked for explicitly, it is never dropped
         releases.privacy_setup(d, train.TrainConfig(model="transformer", epsilon=1.0, item_init="transitions",
                                                     **small), jax.random.key(0))
+
+
+@pytest.mark.parametrize("name", ["dpformer", "transformer-untied", "gru"])
+def test_padding_column_is_neg_and_passes_no_gradient(name):
+    """The output's column 0 (padding, never a target) is NEG at every position, and nothing flows back from it:
+    a cotangent on that column alone gives zero gradients (the select that sets it, `models._output`)."""
+    model = models.make_model(name, n_items=9, maxlen=5, d=8, dropout=0.0)
+    x = jnp.asarray([[0, 3, 1, 4, 2], [0, 0, 0, 5, 6]], jnp.int32)
+    params = model.init(jax.random.key(0), x)
+    logits, vjp = jax.vjp(lambda p: model.apply(p, x, deterministic=True), params)
+    np.testing.assert_array_equal(logits[..., 0], models.NEG)
+    assert bool(jnp.all(logits[..., 1:] > models.NEG / 2))
+    grads = vjp(jnp.zeros_like(logits).at[..., 0].set(1.0))[0]
+    for g in jax.tree.leaves(grads):
+        np.testing.assert_array_equal(g, 0.0)
