@@ -151,6 +151,10 @@ def _add_item_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--item-init-k", type=int, default=None,
                    help="the item start's candidate items (a public choice); default: the transitions model's rule "
                         "round(2.5 sqrt(N / sigma)) of the users N and the release's noise sigma (500 non-private)")
+    p.add_argument("--transition-prior", action="store_true",
+                   help="the item start's release also scores every position (beyond the paper): log(1 + its positive "
+                        "transition scores over the last 3 items, in units of its noise) x a learned scale is added "
+                        "to the logits")
     p.add_argument("--item-init-noise", type=float, default=None,
                    help="--item-init transitions: the release's noise std (per-user Frobenius norm 1); default: the "
                         f"item releases alone spend {ITEM_INIT_EPSILON_SHARE:g} of epsilon")
@@ -193,6 +197,7 @@ DEFAULT_EPSILON = 8.0
 FLAGS = {"epsilon": "--epsilon", "delta": "--delta", "epochs": "--epochs", "lr": "--lr", "l2_clip": "--l2-clip",
          "optimizer": "--optimizer", "adam_bc_gamma": "--adam-bc-gamma", "sparse_ratio": "--sparse-ratio",
          "sparse_threshold": "--sparse-threshold", "sparse_item_rows": "--sparse-item-rows",
+         "transition_prior": "--transition-prior",
          "hist_noise_multiplier": "--hist-noise-multiplier", "weight_decay": "--weight-decay",
          "warmup_frac": "--warmup-frac", "batch_size": "--batch-size", "chunk_rows": "--chunk-rows", "d": "--d",
          "heads": "--heads", "blocks": "--blocks", "maxlen": "--maxlen", "dropout": "--dropout",
@@ -209,7 +214,8 @@ HELP_GROUPS = {
              "item_catalogue", "min_item_count", "vocab_noise_multiplier", "public_item_counts"],
     "privacy": ["epsilon", "non_private", "delta", "l2_clip", "normalize", "hist_noise_multiplier", "seed"],
     "model": ["model", "k", "history", "d", "heads", "blocks", "norm", "ffn_dim", "item_dim", "dropout",
-              "item_init", "item_init_k", "item_init_noise", "freeze_item_table", "trainable_items"],
+              "item_init", "item_init_k", "item_init_noise", "transition_prior", "freeze_item_table",
+              "trainable_items"],
     "training": ["epochs", "batch_size", "lr", "weight_decay", "warmup_frac", "optimizer", "adam_bc_gamma", "negatives",
                  "negative_sampler", "sparse_item_rows", "sparse_ratio", "sparse_threshold"],
     "evaluation": ["eval_every", "mask_history"],
@@ -287,7 +293,7 @@ def _train_config(args: argparse.Namespace, maxlen: int) -> TrainConfig:
                        n_users_public=args.n_users, negatives=args.negatives,
                        negative_sampler=args.negative_sampler, trainable_items=args.trainable_items,
                        item_init=args.item_init, item_init_k=args.item_init_k, item_init_noise=args.item_init_noise,
-                       freeze_item_table=args.freeze_item_table,
+                       freeze_item_table=args.freeze_item_table, transition_prior=args.transition_prior,
                        # the quick run's one small chunk in one pass: ~1.5 s less tracing and compiling
                        batch_chunk=None if synthetic else TrainConfig.batch_chunk)
 

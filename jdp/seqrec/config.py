@@ -83,6 +83,9 @@ class TrainConfig:
     item_init_noise: float | None = None  # its Gaussian noise std (per-user Frobenius norm 1), composed with
                                       # DP-SGD; None: calibrated so that the item releases alone meet
                                       # (ITEM_INIT_EPSILON_SHARE·ε, δ)
+    transition_prior: bool = False    # the item start's release also scores every position (beyond the paper):
+                                      # log(1 + its positive transition scores over the last 3 items, in units of
+                                      # its noise) times a learned scale is added to the logits (`models.transition_prior`)
 
     def validate(self) -> None:
         check_privacy(self.epsilon, self.delta, None, unit="user")  # δ < 1/n: in `sampling_plan`
@@ -124,6 +127,9 @@ class TrainConfig:
                 raise ValueError(f"{name} must be left unset (None): it sets the item table's release start, which "
                                  f"this config does not make (item_init={self.item_init!r} starts at random here: "
                                  f"model {self.model!r}, epsilon {self.epsilon})")
+        if self.transition_prior and (self.item_start() != "transitions" or self.negatives):
+            raise ValueError("transition_prior scores with the item start's release over the full catalogue: it needs "
+                             "item_init='transitions' (or 'auto' resolved to it) and negatives=0")
         if self.negative_sampler not in NEGATIVE_SAMPLERS:
             raise ValueError(f"negative_sampler must be one of {NEGATIVE_SAMPLERS}, got {self.negative_sampler!r}")
         if self.negatives and self.model == "transformer-untied":

@@ -145,6 +145,8 @@ class TransformerRec(SeqRecModel):
     item_dim: int | None = None  # None: the item table is [M+1, d]; r < d: [M+1, r] with learned projections r→d
                                  # (inputs) and d→r (before the output: the tied table, or transformer-untied's
                                  # r-wide output layer): DP noise on r, not d, coordinates per item row
+    prior: bool = False          # add `transition_prior` (inputs reatt["prior_slot"], reatt["prior_table"]) to the
+                                 # full-catalogue logits, times a learned scale (a Dense(1) site, "prior_scale")
 
     @nn.compact
     def __call__(self, seq: jax.Array, deterministic: bool = True, reatt: dict | None = None,
@@ -176,7 +178,37 @@ class TransformerRec(SeqRecModel):
             h = h[:, -1:]
         if factored:
             h = nn.Dense(self.item_dim, use_bias=False, name="item_out")(h)
-        return _output(self, h, embed, targets, negatives)
+        logits = _output(self, h, embed, targets, negatives)
+        if not self.prior or negatives is not None:
+            return logits
+        if reatt is not None and "prior_table" in reatt:
+            prior = transition_prior(seq, reatt["prior_slot"], reatt["prior_table"], PRIOR_HISTORY, last_only)
+        else:  # model.init without the release: the same parameters
+            prior = jnp.zeros(logits.shape, logits.dtype)
+        scaled = nn.Dense(1, use_bias=False, kernel_init=nn.initializers.ones, name="prior_scale")(prior[..., None])
+        return logits + scaled[..., 0]
+
+
+# the items before a position whose release rows score it (`transitions.TransitionModel.history`'s default)
+PRIOR_HISTORY = 3
+
+
+def transition_prior(seq: jax.Array, slot: jax.Array, table: jax.Array, history: int = PRIOR_HISTORY,
+                     last_only: bool = False) -> jax.Array:
+    """[B, L, M+1] (or [B, 1, M+1] for `last_only`) log(1 + max(s, 0)) of the released transition scores s at each
+    position: the sum of the `table` rows [K+1, M+1] of the candidates among the position's last `history` items
+    (`slot` [M+1] maps an item id to its candidate row, K for any other item and for padding: a zero row). The
+    table is the release's [K, K] sums divided by its noise std and spread over the catalogue's columns
+    (`transitions.TransitionModel.prior_inputs`): post-processing of the release, a constant of the step."""
+    s = slot[seq]
+    if last_only:
+        s = s[:, -history:]
+    zero_row = table.shape[0] - 1
+    total = 0.0
+    for lag in range(history):
+        shifted = jnp.pad(s, ((0, 0), (lag, 0)), constant_values=zero_row)[:, :s.shape[1]]
+        total = total + table[shifted if not last_only else shifted[:, -1:]]
+    return jnp.log1p(jnp.maximum(total, 0.0))
 
 
 class RNNRec(SeqRecModel):
@@ -218,7 +250,7 @@ NORMS = ("pre", "post")
 
 def make_model(name: str, n_items: int, maxlen: int, d: int = 64, heads: int = 1, blocks: int = 2,
                dropout: float = 0.2, activation: str = "relu", norm: str = "pre",
-               ffn_dim: int | None = None, item_dim: int | None = None) -> SeqRecModel:
+               ffn_dim: int | None = None, item_dim: int | None = None, prior: bool = False) -> SeqRecModel:
     """The paper's five models: dpformer (tied + Re-Attention), transformer (tied), transformer-untied,
     gru, lstm (tied). norm / ffn_dim shape the Transformers' blocks (see `TransformerRec`); item_dim < d
     factorises the vanilla Transformers' item table (`check_item_dim`)."""
@@ -236,11 +268,14 @@ def make_model(name: str, n_items: int, maxlen: int, d: int = 64, heads: int = 1
         raise ValueError(f"ffn_dim must be >= 1, got {ffn_dim}")
     if item_dim is not None:
         check_item_dim(name, item_dim, d)
+    if prior and name not in ("dpformer", "transformer", "transformer-untied"):
+        raise ValueError(f"prior (the transition release in the logits) is for the Transformers, got {name!r}")
     if name in ("gru", "lstm"):
         return RNNRec(n_items=n_items, d=d, dropout=dropout, tied=True, cell=name, maxlen=maxlen)
     return TransformerRec(n_items=n_items, d=d, dropout=dropout, tied=(name != "transformer-untied"),
                           heads=heads, blocks=blocks, maxlen=maxlen, activation=activation,
-                          reattention=(name == "dpformer"), norm=norm, ffn_dim=ffn_dim, item_dim=item_dim)
+                          reattention=(name == "dpformer"), norm=norm, ffn_dim=ffn_dim, item_dim=item_dim,
+                          prior=bool(prior))
 
 
 @jax.custom_vjp
@@ -319,5 +354,5 @@ def make_loss_fn(model: SeqRecModel, reatt: dict | None = None, deterministic: b
     return loss_fn
 
 
-__all__ = ["MODELS", "NORMS", "RNNRec", "SelfAttention", "TransformerRec", "check_item_dim", "make_loss_fn",
-           "make_model", "next_item_loss", "sampled_next_item_loss"]
+__all__ = ["MODELS", "NORMS", "PRIOR_HISTORY", "RNNRec", "SelfAttention", "TransformerRec", "check_item_dim", "make_loss_fn",
+           "make_model", "next_item_loss", "sampled_next_item_loss", "transition_prior"]

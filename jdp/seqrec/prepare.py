@@ -90,7 +90,7 @@ def prepare(data: SeqData, cfg: TrainConfig, plan: tuple[int, float, int], key: 
         check_negatives(cfg, M, cfg.model == "dpformer" or public_item_counts is not None)
     check_item_init_k(cfg, M)
     model = make_model(cfg.model, M, L, cfg.d, cfg.heads, cfg.blocks, cfg.dropout, cfg.activation, cfg.norm,
-                       cfg.ffn_dim, cfg.item_dim)
+                       cfg.ffn_dim, cfg.item_dim, cfg.transition_prior)
     k_init, k_hist, k_train = jax.random.split(key, 3)
     if initial_params is not None:  # refused before any release or compilation (abstract shapes only)
         initial_params = _check_initial_params(initial_params,
@@ -105,7 +105,7 @@ def prepare(data: SeqData, cfg: TrainConfig, plan: tuple[int, float, int], key: 
     windows = np.array(sorted({int(b) for b in cfg.length_buckets if 0 < b < L} | {L}))
     loss_fn = _loss_of(model, cfg)
     first_step_ready = None
-    if cfg.epsilon is not None and not cfg.negatives and not resuming:
+    if cfg.epsilon is not None and not cfg.negatives and not resuming and not cfg.transition_prior:
         # traced here, before the calibration starts: both are Python and would take turns on the GIL
         lowered = _lower_first_step(data, cfg, model, loss_fn, k_init, N, q, windows, k_sample, k_dropout)
         first_step_ready = pool.submit(lambda: [program.compile() for program in lowered])
@@ -189,6 +189,9 @@ def _step_functions(run: Run, loss_fn, frozen) -> None:
             run.counts_rel = np.ones(M + 1)
         run.reatt = reatt_inputs(*ra.effective_variances(run.sigma, cfg.l2_clip, cfg.batch_size, run.q,
                                                          run.counts_rel, cfg.error_scale))
+    if cfg.transition_prior:  # the release's scores: inputs of the step beside Re-Attention's (never differentiated)
+        prior = {k: jnp.asarray(v) for k, v in run.item_start.prior_inputs().items()}
+        run.reatt = {**(run.reatt or {}), **prior}
 
 
 def _evaluation(run: Run, evaluate_test: bool) -> None:

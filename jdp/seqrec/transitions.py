@@ -101,6 +101,18 @@ class TransitionModel:
         out[:, 0] = -np.inf
         return out
 
+    def prior_inputs(self) -> dict:
+        """The release as a model's logit prior (`jdp.seqrec.models.transition_prior`): "prior_slot" [M+1] int32,
+        each item's candidate row (K for any other item and for padding), and "prior_table" [K+1, M+1] float32, the
+        candidates' transition sums in units of the release's noise std (1 in the NON-PRIVATE reference) spread
+        over the catalogue's columns, with a zero row K. Post-processing of the release."""
+        M1, K = self.counts.size, self.items.size
+        slot = np.full(M1, K, np.int32)
+        slot[self.items] = np.arange(K, dtype=np.int32)
+        table = np.zeros((K + 1, M1), np.float32)
+        table[:K, self.items] = self.matrix / (self.noise_multiplier if self.noise_multiplier > 0 else 1.0)
+        return {"prior_slot": slot, "prior_table": table}
+
     def evaluate(self, inputs: np.ndarray, targets: np.ndarray, k: int = 10, chunk: int = 2048) -> dict:
         """NDCG@k / HIT@k over the users with a target, ranking every item (ties pessimistic, as
         `jdp.seqrec.evaluate`)."""

@@ -195,6 +195,26 @@ def test_dpformer_step_moves_by_one_clipped_user_in_either_block_layout(norm):
     assert _worst_neighbour_step_change(model, models.make_loss_fn(model, reatt), C, 1) == pytest.approx(C, rel=1e-3)
 
 
+@pytest.mark.parametrize("scale", [1.0, 1e6])
+def test_a_transition_prior_step_moves_by_one_clipped_user(scale):
+    """The same worst neighbour for DPFormer with the release's transition prior in its logits (a Dense(1) site over
+    every position and item), the prior's table at ordinary and at extreme scales (1e6: logits that saturate the
+    softmax): the accumulated clipped sum moves by exactly C."""
+    import jax.numpy as jnp
+
+    from jdp.seqrec import models
+    model = models.make_model("dpformer", 30, 8, d=8, blocks=1, dropout=0.0, prior=True)
+    rng = np.random.default_rng(4)
+    table = np.zeros((6, 31), np.float32)
+    table[:5, rng.choice(np.arange(1, 31), 5, replace=False)] = rng.normal(0, scale, (5, 5))
+    slot = np.full(31, 5, np.int32)
+    slot[rng.choice(np.arange(1, 31), 5, replace=False)] = np.arange(5)
+    reatt = {"w_var": 1e-4, "emb_var": jnp.full((31,), 1e-2), "prior_slot": jnp.asarray(slot),
+             "prior_table": jnp.asarray(table)}
+    C = 1e-4
+    assert _worst_neighbour_step_change(model, models.make_loss_fn(model, reatt), C, 2) == pytest.approx(C, rel=1e-3)
+
+
 @pytest.mark.slow
 def test_baselines_never_read_exact_counts():
     """The popularity baseline is post-processing of released (or caller-declared public) counts only: a private

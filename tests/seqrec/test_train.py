@@ -282,6 +282,11 @@ def test_invalid_configs_raise():
             with pytest.raises(ValueError, match="release start"):
                 train.TrainConfig(**cfg, **unused).validate()
     train.TrainConfig(item_init="auto", item_init_k=5, item_init_noise=1.0).validate()
+    for bad in ({"item_init": "random"}, {"model": "gru"}, {"epsilon": None}, {"negatives": 5}):  # no release to score
+        with pytest.raises(ValueError, match="transition_prior"):
+            train.TrainConfig(transition_prior=True, **bad).validate()
+    with pytest.raises(ValueError, match="prior"):
+        models.make_model("gru", 10, 5, prior=True)
 
 
 def test_inputs_that_cannot_be_used_are_refused_before_any_release(monkeypatch):
@@ -561,3 +566,49 @@ def test_padding_column_is_neg_and_passes_no_gradient(name):
     grads = vjp(jnp.zeros_like(logits).at[..., 0].set(1.0))[0]
     for g in jax.tree.leaves(grads):
         np.testing.assert_array_equal(g, 0.0)
+
+
+def test_transition_prior_is_the_releases_scores_in_units_of_its_noise():
+    """`transition_prior` at every position = log(1 + max(s, 0)) of `TransitionModel.scores`' candidate scores s
+    (without their popularity tie-break) over the position's last 3 items, divided by the release's noise std; 0 for
+    every other item and for a position without a candidate among its last 3 items; `last_only` = the last row."""
+    d = _toy(n_users=64)
+    release = transitions.release(d, 6, jax.random.key(3), accounting.PrivacyReport(1e-5), 0.7)
+    inputs = release.prior_inputs()
+    assert inputs["prior_table"].shape == (7, d.n_items + 1) and inputs["prior_slot"].shape == (d.n_items + 1,)
+    seq = np.asarray(d.train_input[:16])
+    prior = np.asarray(models.transition_prior(jnp.asarray(seq), jnp.asarray(inputs["prior_slot"]),
+                                               jnp.asarray(inputs["prior_table"])))
+    tiebreak = release.counts / (1.0 + np.abs(release.counts).max()) * 1e-6
+    others = np.setdiff1d(np.arange(d.n_items + 1), release.items)
+    for t in range(seq.shape[1]):
+        s = release.scores(seq[:, :t + 1])[:, release.items] - tiebreak[release.items]
+        np.testing.assert_allclose(prior[:, t, release.items], np.log1p(np.maximum(s / 0.7, 0.0)), rtol=1e-5,
+                                   atol=1e-6)
+        assert not prior[:, t, others].any()
+    last = models.transition_prior(jnp.asarray(seq), jnp.asarray(inputs["prior_slot"]),
+                                   jnp.asarray(inputs["prior_table"]), last_only=True)
+    np.testing.assert_allclose(np.asarray(last)[:, 0], prior[:, -1], rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["dpformer", "transformer"])
+def test_a_transition_prior_model_is_clipped_like_naive_per_example_clipping(name):
+    # the prior enters through a Dense(1) site over every (position, item): its learned scale is tapped, not vmapped
+    d = _toy()
+    release = transitions.release(d, 6, jax.random.key(3), accounting.PrivacyReport(1e-5), 0.7)
+    model = models.make_model(name, d.n_items, d.maxlen, d=8, heads=1, blocks=1, dropout=0.0, prior=True)
+    params = jax.jit(model.init)(jax.random.key(0), jnp.asarray(d.train_input[:2]))
+    assert float(params["params"]["prior_scale"]["kernel"][0, 0]) == 1.0
+    aux = {k: jnp.asarray(v) for k, v in release.prior_inputs().items()}
+    if name == "dpformer":
+        aux.update({"w_var": 1e-4, "emb_var": jnp.full((d.n_items + 1,), 1e-2)})
+    batch = {"input": jnp.asarray(d.train_input[:8]), "target": jnp.asarray(d.train_target[:8]),
+             "key": jax.random.split(jax.random.key(1), 8)}
+    loss_fn = models.make_loss_fn(model, aux, deterministic=True)
+    _assert_equals_naive_clipping(loss_fn, params, batch, "auto")
+    assert jc.explain(loss_fn, params, batch)[-1]["fallback"] == []
+    plain = models.make_model(name, d.n_items, d.maxlen, d=8, heads=1, blocks=1, dropout=0.0)
+    without = {"params": {k: v for k, v in params["params"].items() if k != "prior_scale"}}
+    diff = model.apply(params, batch["input"], reatt=aux) - plain.apply(without, batch["input"], reatt=aux)
+    want = models.transition_prior(batch["input"], aux["prior_slot"], aux["prior_table"])
+    np.testing.assert_allclose(np.asarray(diff)[..., 1:], np.asarray(want)[..., 1:], rtol=1e-4, atol=1e-5)
