@@ -1,7 +1,8 @@
 """The item start's transition release scored alone, as a DPFormer run makes it (Amazon Games, ε = 8): what the
 transition prior (`TrainConfig.transition_prior`) starts from, beside what DP-SGD then trains.
 
-    PYTHONPATH=. python -m benchmarks.seqrec.prior_release [--data-dir DIR] [--noises default 0.88 0.74 0.675] [--seeds 0 1]
+    PYTHONPATH=. python -m benchmarks.seqrec.prior_release [--data-dir DIR] [--noises default 0.88 0.74 0.675]
+        [--seeds 0 1]
 
 For every release noise σ_T (`--item-init-noise`; "default": `item_init_noise=None`, the σ_T at which the two item
 releases alone spend ITEM_INIT_EPSILON_SHARE = half of ε; 0.88 / 0.74 / 0.675 spend ~0.7 / 0.85 / 0.95 of it) and
@@ -62,7 +63,8 @@ def main(argv=None) -> None:
                   f"{rows[-1]['item_releases_epsilon']:.2f}, DP-SGD sigma {setup.noise_multiplier:.3f}; "
                   f"valid {100 * v['ndcg']:.2f} test {100 * t['ndcg']:.2f}", flush=True)
     path = write_results("seqrec_prior_release", rows, epsilon=EPSILON, delta=DELTA, history=3,
-                         note="the item start's release alone (no network); item_init_noise None is the default calibration")
+                         note="the item start's release alone (no network); item_init_noise None: the default "
+                              "calibration")
     print(f"wrote {path}")
 
 
