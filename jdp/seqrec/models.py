@@ -183,8 +183,11 @@ class TransformerRec(SeqRecModel):
             return logits
         if reatt is not None and "prior_table" in reatt:
             prior = transition_prior(seq, reatt["prior_slot"], reatt["prior_table"], PRIOR_HISTORY, last_only)
-        else:  # model.init without the release: the same parameters
+        elif self.is_initializing():  # model.init without the release: the same parameters
             prior = jnp.zeros(logits.shape, logits.dtype)
+        else:  # refused, not silently scored without the prior it was trained with
+            raise ValueError("this model adds the transition prior: pass reatt with 'prior_slot' and 'prior_table' "
+                             "(jdp.seqrec.transitions.TransitionModel.prior_inputs())")
         scaled = nn.Dense(1, use_bias=False, kernel_init=nn.initializers.ones, name="prior_scale")(prior[..., None])
         return logits + scaled[..., 0]
 

@@ -612,3 +612,5 @@ def test_a_transition_prior_model_is_clipped_like_naive_per_example_clipping(nam
     diff = model.apply(params, batch["input"], reatt=aux) - plain.apply(without, batch["input"], reatt=aux)
     want = models.transition_prior(batch["input"], aux["prior_slot"], aux["prior_table"])
     np.testing.assert_allclose(np.asarray(diff)[..., 1:], np.asarray(want)[..., 1:], rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="prior_table"):  # applied without its prior: refused, not scored without it
+        model.apply(params, batch["input"])
