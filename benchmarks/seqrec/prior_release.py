@@ -1,16 +1,18 @@
-"""The item start's transition release scored alone, as a DPFormer run makes it (Amazon Games, ε = 8): what the
+"""The item start's transition release scored alone, as a DPFormer run makes it (Amazon Games): what the
 transition prior (`TrainConfig.transition_prior`) starts from, beside what DP-SGD then trains.
 
-    PYTHONPATH=. python -m benchmarks.seqrec.prior_release [--data-dir DIR] [--noises default 0.88 0.74 0.675]
-        [--seeds 0 1]
+    PYTHONPATH=. python -m benchmarks.seqrec.prior_release [--data-dir DIR] [--epsilon 8]
+        [--noises half default 0.88 0.74 0.675] [--seeds 0 1]
 
-For every release noise σ_T (`--item-init-noise`; "default": `item_init_noise=None`, the σ_T at which the two item
-releases alone spend ITEM_INIT_EPSILON_SHARE = half of ε; 0.88 / 0.74 / 0.675 spend ~0.7 / 0.85 / 0.95 of it) and
-seed: the release of a DPFormer run with that `--seed` (the same key path as `jdp.seqrec.prepare`:
-`releases.privacy_setup` with the run's k_hist; K from the public rule), the ε its item releases spend alone,
-DP-SGD's σ for the rest of ε at the 20-epoch protocol, and the release's own scorer (`TransitionModel.evaluate`,
-the last 3 items) on validation and test (full ranking, history not masked). No network is trained. Writes
-benchmarks/seqrec/results/seqrec_prior_release.json.
+For every release noise σ_T (`--item-init-noise`; calibrated where `item_init_noise=None`: "default", the σ_T at
+which the two item releases alone spend PRIOR_EPSILON_SHARE = 0.85 of ε (the default run, with the prior), "half"
+ITEM_INIT_EPSILON_SHARE = half of it (the default without the prior); at ε = 8, 0.88 / 0.74 / 0.675 spend ~0.7 /
+0.85 / 0.95 of it) and seed: the release of a DPFormer run with that `--seed` (the same key path as
+`jdp.seqrec.prepare`: `releases.privacy_setup` with the run's k_hist; K from the public rule), the ε its item
+releases spend alone, DP-SGD's σ for the rest of ε at the 20-epoch protocol, and the release's own scorer
+(`TransitionModel.evaluate`, the last 3 items) on validation and test (full ranking, history not masked). No
+network is trained. Writes benchmarks/seqrec/results/seqrec_prior_release.json (ε = 8; else
+seqrec_prior_release_eps{ε}.json).
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from jdp.seqrec import transitions as T
 from jdp.seqrec.config import TrainConfig
 from jdp.seqrec.releases import DP_SGD_STEP, privacy_setup
 
-EPSILON, DELTA = 8.0, 1e-5
+DELTA = 1e-5
 
 
 def item_release_epsilon(report: accounting.PrivacyReport) -> float:
@@ -40,21 +42,25 @@ def item_release_epsilon(report: accounting.PrivacyReport) -> float:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data-dir", default=None)
-    ap.add_argument("--noises", nargs="+", default=["default", "0.88", "0.74", "0.675"])
+    ap.add_argument("--epsilon", type=float, default=8.0)
+    ap.add_argument("--noises", nargs="+", default=["half", "default", "0.88", "0.74", "0.675"])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     args = ap.parse_args(argv)
     data = D.load("amazon-games", path=fetch("amazon-games", args.data_dir))
-    base = TrainConfig(epsilon=EPSILON, delta=DELTA, epochs=20, batch_size=1024, normalize=True)
+    base = TrainConfig(epsilon=args.epsilon, delta=DELTA, epochs=20, batch_size=1024, normalize=True)
     rows = []
     for noise in args.noises:
-        cfg = base if noise == "default" else dataclasses.replace(base, item_init_noise=float(noise))
+        cfg = (base if noise == "default" else dataclasses.replace(base, transition_prior=False) if noise == "half"
+               else dataclasses.replace(base, item_init_noise=float(noise)))
         for seed in args.seeds:
             k_hist = jax.random.split(jax.random.key(seed), 3)[1]  # prepare's split: k_init, k_hist, k_train
             setup = privacy_setup(data, cfg, k_hist)
             start = setup.item_start
             v = start.evaluate(data.valid_input, data.valid_target)
             t = start.evaluate(data.test_input, data.test_target)
-            rows.append({"item_init_noise": cfg.item_init_noise, "seed": seed, "sigma_t": start.noise_multiplier,
+            share = cfg.item_init_epsilon_share() if cfg.item_init_noise is None else None
+            rows.append({"item_init_noise": cfg.item_init_noise, "epsilon_share": share, "seed": seed,
+                         "sigma_t": start.noise_multiplier,
                          "k": int(start.items.size), "item_releases_epsilon": item_release_epsilon(setup.report),
                          "dp_sgd_noise_multiplier": setup.noise_multiplier, "report_epsilon": setup.report.epsilon(),
                          "ndcg_at_10_valid": v["ndcg"], "hit_at_10_valid": v["hit"], "ndcg_at_10_test": t["ndcg"],
@@ -62,9 +68,10 @@ def main(argv=None) -> None:
             print(f"sigma_T {start.noise_multiplier:.3f} seed {seed}: K {start.items.size}, item releases eps "
                   f"{rows[-1]['item_releases_epsilon']:.2f}, DP-SGD sigma {setup.noise_multiplier:.3f}; "
                   f"valid {100 * v['ndcg']:.2f} test {100 * t['ndcg']:.2f}", flush=True)
-    path = write_results("seqrec_prior_release", rows, epsilon=EPSILON, delta=DELTA, history=3,
-                         note="the item start's release alone (no network); item_init_noise None: the default "
-                              "calibration")
+    name = "seqrec_prior_release" if args.epsilon == 8.0 else f"seqrec_prior_release_eps{args.epsilon:g}"
+    path = write_results(name, rows, epsilon=args.epsilon, delta=DELTA, history=3,
+                         note="the item start's release alone (no network); item_init_noise None: calibrated to "
+                              "epsilon_share of epsilon")
     print(f"wrote {path}")
 
 

@@ -29,7 +29,7 @@ from jdp.cli_support import (add_data_dir_arguments, add_deprecated_flag, add_se
                              write_result)
 from jdp.clipping.engine import METHODS as CLIPPING_METHODS
 from jdp.seqrec.config import (DEFAULT_WINDOWS, ITEM_INIT_EPSILON_SHARE, ITEM_INITS, NEGATIVE_SAMPLERS, OPTIMIZERS,
-                                TrainConfig)
+                                PRIOR_EPSILON_SHARE, TrainConfig)
 from jdp.seqrec.models import MODELS, NORMS
 
 
@@ -151,13 +151,14 @@ def _add_item_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--item-init-k", type=int, default=None,
                    help="the item start's candidate items (a public choice); default: the transitions model's rule "
                         "round(2.5 sqrt(N / sigma)) of the users N and the release's noise sigma (500 non-private)")
-    p.add_argument("--transition-prior", action="store_true",
+    p.add_argument("--transition-prior", action=argparse.BooleanOptionalAction, default=None,
                    help="the item start's release also scores every position (beyond the paper): log(1 + its positive "
                         "transition scores over the last 3 items, in units of its noise) x a learned scale is added "
-                        "to the logits")
+                        "to the logits; default: on wherever the run starts from the release with a full softmax")
     p.add_argument("--item-init-noise", type=float, default=None,
                    help="--item-init transitions: the release's noise std (per-user Frobenius norm 1); default: the "
-                        f"item releases alone spend {ITEM_INIT_EPSILON_SHARE:g} of epsilon")
+                        f"item releases alone spend {PRIOR_EPSILON_SHARE:g} of epsilon with the transition prior, "
+                        f"{ITEM_INIT_EPSILON_SHARE:g} without")
 
 
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
@@ -369,6 +370,7 @@ def run(args: argparse.Namespace) -> int:
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(cfg).items()},
         "noise_multiplier": res.noise_multiplier, "steps": res.steps,
         "vocabulary": args.vocabulary, "vocabulary_assumptions": list(d.vocab_assumptions),
+        "transition_prior": bool(res.reatt and "prior_slot" in res.reatt),  # as resolved (`uses_transition_prior`)
         "item_counts": "public (caller-declared)" if public is not None else (
             "DP histogram" if res.item_counts_released is not None else None),
         "evaluation": {"ranking": "full (all items, padding excluded)", "history_masked": cfg.mask_history},

@@ -28,7 +28,7 @@ from jdp.seqrec.item_table import (freeze_item_rows, freeze_item_table_loss, fro
                                    zero_item_rows)
 from jdp.seqrec.models import make_loss_fn, make_model
 from jdp.seqrec.nonprivate import nonprivate_step
-from jdp.seqrec.releases import check_item_init_k, privacy_setup
+from jdp.seqrec.releases import check_item_init_k, privacy_setup, uses_transition_prior
 
 
 @dataclasses.dataclass
@@ -58,6 +58,7 @@ class Run:
     apply: Any = None
     apply_ready: Any = None          # futures of compilations beside the first step
     first_step_ready: Any = None
+    prior: bool = False              # the transition prior in the logits (`releases.uses_transition_prior`)
     reatt: dict | None = None
     rank_fn: Any = None
     eval_windows: tuple = ()
@@ -89,8 +90,9 @@ def prepare(data: SeqData, cfg: TrainConfig, plan: tuple[int, float, int], key: 
     if cfg.negatives:  # fail before any work (the accounting below takes seconds)
         check_negatives(cfg, M, cfg.model == "dpformer" or public_item_counts is not None)
     check_item_init_k(cfg, M)
+    prior = uses_transition_prior(cfg, public_item_counts is not None)
     model = make_model(cfg.model, M, L, cfg.d, cfg.heads, cfg.blocks, cfg.dropout, cfg.activation, cfg.norm,
-                       cfg.ffn_dim, cfg.item_dim, cfg.transition_prior)
+                       cfg.ffn_dim, cfg.item_dim, prior)
     k_init, k_hist, k_train = jax.random.split(key, 3)
     if initial_params is not None:  # refused before any release or compilation (abstract shapes only)
         initial_params = _check_initial_params(initial_params,
@@ -105,14 +107,15 @@ def prepare(data: SeqData, cfg: TrainConfig, plan: tuple[int, float, int], key: 
     windows = np.array(sorted({int(b) for b in cfg.length_buckets if 0 < b < L} | {L}))
     loss_fn = _loss_of(model, cfg)
     first_step_ready = None
-    if cfg.epsilon is not None and not cfg.negatives and not resuming and not cfg.transition_prior:
+    if cfg.epsilon is not None and not cfg.negatives and not resuming and not prior:
         # traced here, before the calibration starts: both are Python and would take turns on the GIL
         lowered = _lower_first_step(data, cfg, model, loss_fn, k_init, N, q, windows, k_sample, k_dropout)
         first_step_ready = pool.submit(lambda: [program.compile() for program in lowered])
     report, sigma, counts_rel, item_start = pool.submit(privacy_setup, data, cfg, k_hist, public_item_counts).result()
     run = Run(data, cfg, N, q, steps, model, pool, windows, k_noise, k_sample, k_dropout,
               jax.random.fold_in(k_train, 0x6E6567),  # negatives' own stream (data-independent)
-              report, sigma, counts_rel, item_start, init.result(), None, first_step_ready=first_step_ready)
+              report, sigma, counts_rel, item_start, init.result(), None, first_step_ready=first_step_ready,
+              prior=prior)
     frozen = _starting_params(run, initial_params, public_item_counts)
     log_q = None
     if cfg.negatives:
@@ -189,7 +192,7 @@ def _step_functions(run: Run, loss_fn, frozen) -> None:
             run.counts_rel = np.ones(M + 1)
         run.reatt = reatt_inputs(*ra.effective_variances(run.sigma, cfg.l2_clip, cfg.batch_size, run.q,
                                                          run.counts_rel, cfg.error_scale))
-    if cfg.transition_prior:  # the release's scores: inputs of the step beside Re-Attention's (never differentiated)
+    if run.prior:  # the release's scores: inputs of the step beside Re-Attention's (never differentiated)
         prior = {k: jnp.asarray(v) for k, v in run.item_start.prior_inputs().items()}
         run.reatt = {**(run.reatt or {}), **prior}
 

@@ -16,7 +16,7 @@ from jdp import accounting
 from jdp.clipping.dp_sgd import calibrate_noise_multiplier, dp_sgd_release
 from jdp.seqrec import reattention as ra
 from jdp.seqrec import transitions as tr
-from jdp.seqrec.config import ITEM_INIT_EPSILON_SHARE, TrainConfig
+from jdp.seqrec.config import TrainConfig
 from jdp.seqrec.data import SeqData, item_presence
 from jdp.validation import check_privacy
 
@@ -94,12 +94,29 @@ def check_item_init_k(cfg: TrainConfig, n_items: int) -> None:
         raise ValueError(f"item_init_k must be <= the number of items ({n_items}), got {cfg.item_init_k}")
 
 
+def start_fits(cfg: TrainConfig, public_item_counts: bool) -> bool:
+    """Whether the item start's releases fit in their share of ε (`TrainConfig.item_init_epsilon_share`) at the
+    largest noise it calibrates (public quantities only); always True for a declared noise or a NON-PRIVATE run."""
+    if cfg.epsilon is None or cfg.item_init_noise is not None:
+        return True
+    hist = [] if public_item_counts else [accounting.gaussian_event(tr.HIST_NOISE_MULTIPLIER)]
+    return accounting.compute_epsilon(dpe.ComposedDpEvent(hist + [accounting.gaussian_event(ITEM_INIT_MAX_NOISE)]),
+                                      cfg.delta) < cfg.item_init_epsilon_share() * cfg.epsilon
+
+
+def uses_transition_prior(cfg: TrainConfig, public_item_counts: bool) -> bool:
+    """Whether the run adds the transition prior: `TrainConfig.uses_transition_prior`, off where an "auto" start
+    falls back to random (`start_fits`)."""
+    return cfg.uses_transition_prior() and (cfg.item_init != "auto" or start_fits(cfg, public_item_counts))
+
+
 def _item_start(data: SeqData, cfg: TrainConfig, key: jax.Array, report: accounting.PrivacyReport | None,
                 public_item_counts: np.ndarray | None) -> tr.TransitionModel | None:
     """item_init="transitions" (or "auto" resolved to it, `TrainConfig.item_start`): the transition release the
     item table starts from, added to `report` (exact when report is None: the NON-PRIVATE reference); its
     candidates are the top item_init_k (None: `transitions.default_k`) of its own popularity release, or of the
-    declared public counts. None (random start) for "auto" when the releases cannot fit in their share of ε."""
+    declared public counts. None (random start) for "auto" when the releases cannot fit in their share of ε, unless
+    the prior was asked for (refused)."""
     if cfg.item_start() != "transitions":
         return None
     check_item_init_k(cfg, data.n_items)
@@ -107,14 +124,15 @@ def _item_start(data: SeqData, cfg: TrainConfig, key: jax.Array, report: account
     noise_std = cfg.item_init_noise
     if report is not None:
         hist = [] if public_item_counts is not None else [accounting.gaussian_event(tr.HIST_NOISE_MULTIPLIER)]
-        if noise_std is None and cfg.item_init == "auto" and accounting.compute_epsilon(
-                dpe.ComposedDpEvent(hist + [accounting.gaussian_event(ITEM_INIT_MAX_NOISE)]), cfg.delta) \
-                >= ITEM_INIT_EPSILON_SHARE * cfg.epsilon:
+        share = cfg.item_init_epsilon_share()
+        if cfg.item_init == "auto" and not start_fits(cfg, public_item_counts is not None):
+            if cfg.transition_prior:
+                raise ValueError(f"transition_prior needs the item start's release, which cannot fit in {share:g} of "
+                                 f"epsilon={cfg.epsilon:g}: raise epsilon, or declare item_init_noise")
             return None  # "auto": the start's releases cannot fit in their share of a small ε (public): random start
         if noise_std is None:
             noise_std = accounting.calibrate(lambda s: dpe.ComposedDpEvent(hist + [accounting.gaussian_event(s)]),
-                                             ITEM_INIT_EPSILON_SHARE * cfg.epsilon, cfg.delta,
-                                             bracket=(0.05, ITEM_INIT_MAX_NOISE))
+                                             share * cfg.epsilon, cfg.delta, bracket=(0.05, ITEM_INIT_MAX_NOISE))
         else:
             spent = accounting.compute_epsilon(dpe.ComposedDpEvent(
                 [r.composed_event() for r in report.releases] + hist + [accounting.gaussian_event(noise_std)]),
@@ -142,4 +160,4 @@ def partial_report(report: accounting.PrivacyReport, steps_done: int, steps: int
 
 
 __all__ = ["DP_FEST_STEP", "DP_SGD_STEP", "PrivacySetup", "check_item_init_k", "partial_report", "privacy_setup",
-           "sampling_plan"]
+           "sampling_plan", "start_fits", "uses_transition_prior"]

@@ -286,7 +286,8 @@ def test_dpformer_blocks_are_tapped_and_their_per_user_norms_are_exact():
 def test_item_table_start_is_accounted_at_its_share_and_composed_into_epsilon():
     """item_init="transitions": the popularity and transition releases the item table starts from are in the
     run's report at sensitivity 1 (each user's vectors have norm 1: tests/privacy/test_seqrec_transitions_privacy),
-    alone they spend ITEM_INIT_EPSILON_SHARE of ε, and with the DP-SGD steps exactly ε."""
+    alone they spend their share of ε (PRIOR_EPSILON_SHARE with the default transition prior, else
+    ITEM_INIT_EPSILON_SHARE), and with the DP-SGD steps exactly ε."""
     rng = np.random.default_rng(0)
     seqs = [rng.integers(1, 31, rng.integers(2, 12)).astype(np.int32) for _ in range(300)]
     d = data.leave_last_out(seqs, 30, 8)
@@ -296,8 +297,14 @@ def test_item_table_start_is_accounted_at_its_share_and_composed_into_epsilon():
     item = [r for r in rep.releases if r.name.startswith(("item popularity", "item transition"))]
     assert [r.sensitivity for r in item] == [1.0, 1.0] and item[1].noise_scale == start.noise_multiplier
     alone = accounting.PrivacyReport(cfg.delta, releases=item)
-    assert alone.epsilon() == pytest.approx(train.ITEM_INIT_EPSILON_SHARE * 6.0, rel=1e-3)
+    assert alone.epsilon() == pytest.approx(train.PRIOR_EPSILON_SHARE * 6.0, rel=1e-3)
     assert rep.epsilon() == pytest.approx(6.0, rel=1e-3)
+    no_prior = dataclasses.replace(cfg, transition_prior=False)
+    rep_half, sigma_half, _, _ = train.privacy_setup(d, no_prior, jax.random.key(0))
+    item = [r for r in rep_half.releases if r.name.startswith(("item popularity", "item transition"))]
+    assert accounting.PrivacyReport(cfg.delta, releases=item).epsilon() == pytest.approx(
+        train.ITEM_INIT_EPSILON_SHARE * 6.0, rel=1e-3)
+    assert rep_half.epsilon() == pytest.approx(6.0, rel=1e-3) and sigma_half < sigma
     random_start = dataclasses.replace(cfg, item_init="random", item_init_k=None)
     assert train.privacy_setup(d, random_start, jax.random.key(0))[1] < sigma
 

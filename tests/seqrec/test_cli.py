@@ -32,7 +32,7 @@ def test_cli_seqrec_ml100k(tmp_path, datasets_dir, capsys):
     assert res["history"][-1]["epsilon_spent"] == pytest.approx(res["privacy"]["epsilon"], rel=1e-6)
     assert res["privacy"]["epsilon"] <= 8.0 + 1e-3
     assert [r["name"] for r in res["privacy"]["releases"]] == ["DP-SGD step (Poisson-sampled Gaussian)"]
-    assert res["model"] == "transformer" and res["item_counts"] is None
+    assert res["model"] == "transformer" and res["item_counts"] is None and res["transition_prior"] is False
     assert res["steps"] == 2 and res["n_users"] == 943
     for k in ("ndcg_at_10_test", "hit_at_10_test", "ndcg_at_10_valid", "hit_at_10_valid"):
         assert 0.0 <= res["metrics"][k] <= 1.0
@@ -84,3 +84,12 @@ def test_cli_seqrec_transitions_one_release(tmp_path, capsys):
     non_private = args[:5] + ["--non-private"] + args[9:]            # the rule needs the release's noise
     assert cli.main(non_private) == 2
     assert "needs --k" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, want", [([], None), (["--transition-prior"], True), (["--no-transition-prior"], False)])
+def test_the_transition_prior_flag_reaches_the_config_as_given(flag, want):
+    """Unset, the config resolves it (`TrainConfig.uses_transition_prior`); either flag is kept as given."""
+    from jdp.cli import build_parser
+    from jdp.seqrec.cli import _train_config
+    args = build_parser().parse_args(["seqrec", "--data", "synthetic", *flag])
+    assert _train_config(args, 20).transition_prior is want

@@ -302,8 +302,8 @@ def test_inputs_that_cannot_be_used_are_refused_before_any_release(monkeypatch):
                     jax.random.key(0))
     with pytest.raises(ValueError, match="initial_params"):
         train.train(d, train.TrainConfig(batch_size=8, epochs=0.1), jax.random.key(0), initial_params={"params": {}})
-    params = jax.eval_shape(models.make_model("dpformer", d.n_items, d.maxlen).init, jax.random.key(0),
-                            jnp.zeros((1, d.maxlen), jnp.int32))
+    params = jax.eval_shape(models.make_model("dpformer", d.n_items, d.maxlen, prior=True).init,  # the default's
+                            jax.random.key(0), jnp.zeros((1, d.maxlen), jnp.int32))
     bad = jax.tree.map(lambda x: np.zeros(x.shape[:-1] + (x.shape[-1] + 1,), np.float32), params)
     with pytest.raises(ValueError, match="wrong shape"):
         train.train(d, train.TrainConfig(batch_size=8, epochs=0.1), jax.random.key(0), initial_params=bad)
@@ -551,6 +551,36 @@ def test_the_default_item_start_is_the_transition_release_where_it_fits():
     with pytest.raises(ValueError, match="cannot reach"):  # asked for explicitly, it is never dropped
         releases.privacy_setup(d, train.TrainConfig(model="transformer", epsilon=1.0, item_init="transitions",
                                                     **small), jax.random.key(0))
+
+
+def test_the_default_adds_the_transition_prior_and_spends_most_of_epsilon_on_its_release():
+    """`transition_prior=None` (the default): on wherever the run starts from the release with a full softmax; the
+    item releases alone then spend PRIOR_EPSILON_SHARE of ε, ITEM_INIT_EPSILON_SHARE without the prior. An "auto"
+    start that cannot fit in its share runs without either; a prior asked for there is refused."""
+    from dp_accounting.dp_event import ComposedDpEvent
+
+    from jdp.seqrec import releases
+    d = _toy(n_users=200)
+    small = dict(batch_size=16, epochs=1.0, d=8)
+    for kw, want in [({}, True), ({"model": "transformer"}, True), ({"model": "gru"}, False),
+                     ({"epsilon": None}, False), ({"negatives": 5}, False), ({"item_init": "random"}, False),
+                     ({"transition_prior": False}, False), ({"transition_prior": True}, True)]:
+        assert train.TrainConfig(**{**small, **kw}).uses_transition_prior() is want, kw
+    for prior, share in [(None, train.PRIOR_EPSILON_SHARE), (False, train.ITEM_INIT_EPSILON_SHARE)]:
+        cfg = train.TrainConfig(model="transformer", epsilon=8.0, transition_prior=prior, **small)
+        assert cfg.item_init_epsilon_share() == share
+        report = releases.privacy_setup(d, cfg, jax.random.key(0)).report
+        items = [r.composed_event() for r in report.releases if r.name != train.DP_SGD_STEP]
+        assert len(items) == 2  # the item popularity and the transition sums
+        assert accounting.compute_epsilon(ComposedDpEvent(items), report.delta) == pytest.approx(8.0 * share, rel=1e-2)
+        assert report.epsilon() <= 8.0 + 1e-3
+    tiny = train.TrainConfig(model="transformer", epsilon=1.0, **small)  # the item releases alone exceed 0.85
+    assert tiny.uses_transition_prior() and not releases.uses_transition_prior(tiny, False)
+    assert releases.privacy_setup(d, tiny, jax.random.key(0)).item_start is None
+    with pytest.raises(ValueError, match="transition_prior needs"):
+        releases.privacy_setup(d, dataclasses.replace(tiny, transition_prior=True), jax.random.key(0))
+    with pytest.raises(ValueError, match="transition_prior"):
+        train.TrainConfig(transition_prior="yes").validate()
 
 
 @pytest.mark.parametrize("name", ["dpformer", "transformer-untied", "gru"])
