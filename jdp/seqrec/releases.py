@@ -106,8 +106,14 @@ def start_fits(cfg: TrainConfig, public_item_counts: bool) -> bool:
 
 def uses_transition_prior(cfg: TrainConfig, public_item_counts: bool) -> bool:
     """Whether the run adds the transition prior: `TrainConfig.uses_transition_prior`, off where an "auto" start
-    falls back to random (`start_fits`)."""
-    return cfg.uses_transition_prior() and (cfg.item_init != "auto" or start_fits(cfg, public_item_counts))
+    falls back to random (`start_fits`); a prior asked for there (`transition_prior=True`) is refused."""
+    if cfg.item_init == "auto" and cfg.uses_transition_prior() and not start_fits(cfg, public_item_counts):
+        if cfg.transition_prior:
+            raise ValueError(f"transition_prior needs the item start's release, which cannot fit in "
+                             f"{cfg.item_init_epsilon_share():g} of epsilon={cfg.epsilon:g}: raise epsilon, or "
+                             "declare item_init_noise")
+        return False
+    return cfg.uses_transition_prior()
 
 
 def _item_start(data: SeqData, cfg: TrainConfig, key: jax.Array, report: accounting.PrivacyReport | None,
@@ -124,15 +130,13 @@ def _item_start(data: SeqData, cfg: TrainConfig, key: jax.Array, report: account
     noise_std = cfg.item_init_noise
     if report is not None:
         hist = [] if public_item_counts is not None else [accounting.gaussian_event(tr.HIST_NOISE_MULTIPLIER)]
-        share = cfg.item_init_epsilon_share()
         if cfg.item_init == "auto" and not start_fits(cfg, public_item_counts is not None):
-            if cfg.transition_prior:
-                raise ValueError(f"transition_prior needs the item start's release, which cannot fit in {share:g} of "
-                                 f"epsilon={cfg.epsilon:g}: raise epsilon, or declare item_init_noise")
+            uses_transition_prior(cfg, public_item_counts is not None)  # refuses a prior asked for here
             return None  # "auto": the start's releases cannot fit in their share of a small ε (public): random start
         if noise_std is None:
             noise_std = accounting.calibrate(lambda s: dpe.ComposedDpEvent(hist + [accounting.gaussian_event(s)]),
-                                             share * cfg.epsilon, cfg.delta, bracket=(0.05, ITEM_INIT_MAX_NOISE))
+                                             cfg.item_init_epsilon_share() * cfg.epsilon, cfg.delta,
+                                             bracket=(0.05, ITEM_INIT_MAX_NOISE))
         else:
             spent = accounting.compute_epsilon(dpe.ComposedDpEvent(
                 [r.composed_event() for r in report.releases] + hist + [accounting.gaussian_event(noise_std)]),

@@ -577,8 +577,11 @@ def test_the_default_adds_the_transition_prior_and_spends_most_of_epsilon_on_its
     tiny = train.TrainConfig(model="transformer", epsilon=1.0, **small)  # the item releases alone exceed 0.85
     assert tiny.uses_transition_prior() and not releases.uses_transition_prior(tiny, False)
     assert releases.privacy_setup(d, tiny, jax.random.key(0)).item_start is None
-    with pytest.raises(ValueError, match="transition_prior needs"):
-        releases.privacy_setup(d, dataclasses.replace(tiny, transition_prior=True), jax.random.key(0))
+    asked = dataclasses.replace(tiny, transition_prior=True)
+    for refuse in (lambda: releases.uses_transition_prior(asked, False),  # `prepare`: before the model is built
+                   lambda: releases.privacy_setup(d, asked, jax.random.key(0))):
+        with pytest.raises(ValueError, match="transition_prior needs"):
+            refuse()
     with pytest.raises(ValueError, match="transition_prior"):
         train.TrainConfig(transition_prior="yes").validate()
 
