@@ -28,7 +28,8 @@ from jdp.seqrec.item_table import (freeze_item_rows, freeze_item_table_loss, fro
                                    zero_item_rows)
 from jdp.seqrec.models import make_loss_fn, make_model
 from jdp.seqrec.nonprivate import nonprivate_step
-from jdp.seqrec.releases import check_item_init_k, privacy_setup, uses_transition_prior
+from jdp.seqrec.releases import (check_item_init_k, item_start_k, item_start_noise, privacy_setup,
+                                 uses_transition_prior)
 
 
 @dataclasses.dataclass
@@ -107,9 +108,12 @@ def prepare(data: SeqData, cfg: TrainConfig, plan: tuple[int, float, int], key: 
     windows = np.array(sorted({int(b) for b in cfg.length_buckets if 0 < b < L} | {L}))
     loss_fn = _loss_of(model, cfg)
     first_step_ready = None
-    if cfg.epsilon is not None and not cfg.negatives and not resuming and not prior:
-        # traced here, before the calibration starts: both are Python and would take turns on the GIL
-        lowered = _lower_first_step(data, cfg, model, loss_fn, k_init, N, q, windows, k_sample, k_dropout)
+    if cfg.epsilon is not None and not cfg.negatives and not resuming:
+        # traced here, before the calibration starts: both are Python and would take turns on the GIL. The prior's
+        # table has a row per candidate of the release: K is public (`item_start_k`, milliseconds)
+        public = public_item_counts is not None
+        prior_rows = item_start_k(data, cfg, item_start_noise(cfg, public)) + 1 if prior else 0
+        lowered = _lower_first_step(data, cfg, model, loss_fn, k_init, N, q, windows, k_sample, k_dropout, prior_rows)
         first_step_ready = pool.submit(lambda: [program.compile() for program in lowered])
     report, sigma, counts_rel, item_start = pool.submit(privacy_setup, data, cfg, k_hist, public_item_counts).result()
     run = Run(data, cfg, N, q, steps, model, pool, windows, k_noise, k_sample, k_dropout,
@@ -246,13 +250,16 @@ def reatt_inputs(w_var, emb_var) -> dict:
     return {"w_var": jnp.float32(w_var), "emb_var": jnp.asarray(emb_var, jnp.float32)}
 
 
-def _lower_first_step(data, cfg, model, loss_fn, k_init, N, q, windows, k_sample, k_dropout) -> list:
+def _lower_first_step(data, cfg, model, loss_fn, k_init, N, q, windows, k_sample, k_dropout, prior_rows: int) -> list:
     """The clipped accumulation of the first step's chunk shapes (the sample is Poisson at rate q, known before σ),
     traced and lowered on abstract parameters: the same jitted function `dp_sgd(...).accumulate` returns later, so
-    compiling these fills its cache."""
+    compiling these fills its cache. prior_rows: the transition prior's table rows (0: no prior)."""
     L, M = data.maxlen, data.n_items
     params = jax.eval_shape(model.init, k_init, jnp.zeros((1, L), jnp.int32))
     aux = jax.eval_shape(reatt_inputs, 1.0, np.ones(M + 1, np.float32)) if cfg.model == "dpformer" else None
+    if prior_rows:  # `transitions.TransitionModel.prior_inputs`' shapes
+        aux = {**(aux or {}), "prior_slot": jax.ShapeDtypeStruct((M + 1,), jnp.int32),
+               "prior_table": jax.ShapeDtypeStruct((prior_rows, M + 1), jnp.float32)}
     accumulate = clipped_accumulate(loss_fn, float(cfg.l2_clip), cfg.clipping, bool(cfg.normalize), cfg.batch_chunk,
                                     sparse_rows=sparse_rows(cfg))
     acc = params if not cfg.sparse_item_rows else (params, jax.ShapeDtypeStruct((M + 1,), jnp.float32))

@@ -116,28 +116,49 @@ def uses_transition_prior(cfg: TrainConfig, public_item_counts: bool) -> bool:
     return cfg.uses_transition_prior()
 
 
+def item_start_noise(cfg: TrainConfig, public_item_counts: bool) -> float | None:
+    """The item start's transition noise std in a private run: `item_init_noise`, else calibrated so that the item
+    releases alone (with the popularity histogram unless its counts are public) spend `item_init_epsilon_share()` of
+    ε; None where an "auto" start cannot fit (random start; a prior asked for there is refused). Public quantities
+    only, so the first step's shapes can be known before the releases are made (`item_start_k`)."""
+    if cfg.item_init == "auto" and not start_fits(cfg, public_item_counts):
+        uses_transition_prior(cfg, public_item_counts)  # refuses a prior asked for here
+        return None  # "auto": the start's releases cannot fit in their share of a small ε (public): random start
+    if cfg.item_init_noise is not None:
+        return float(cfg.item_init_noise)
+    hist = [] if public_item_counts else [accounting.gaussian_event(tr.HIST_NOISE_MULTIPLIER)]
+    return accounting.calibrate(lambda s: dpe.ComposedDpEvent(hist + [accounting.gaussian_event(s)]),
+                                cfg.item_init_epsilon_share() * cfg.epsilon, cfg.delta,
+                                bracket=(0.05, ITEM_INIT_MAX_NOISE))
+
+
+def item_start_k(data: SeqData, cfg: TrainConfig, noise_std: float | None) -> int:
+    """The item start's candidates: `item_init_k`, else `transitions.default_k` of the declared users and the
+    release's noise (public), or NONPRIVATE_ITEM_INIT_K in the NON-PRIVATE reference (noise_std None)."""
+    if cfg.item_init_k is not None:
+        return int(cfg.item_init_k)
+    if noise_std is None:
+        return min(NONPRIVATE_ITEM_INIT_K, data.n_items)
+    n_users = data.n_users if cfg.n_users_public is None else int(cfg.n_users_public)
+    return tr.default_k(n_users, noise_std, data.n_items)
+
+
 def _item_start(data: SeqData, cfg: TrainConfig, key: jax.Array, report: accounting.PrivacyReport | None,
                 public_item_counts: np.ndarray | None) -> tr.TransitionModel | None:
     """item_init="transitions" (or "auto" resolved to it, `TrainConfig.item_start`): the transition release the
-    item table starts from, added to `report` (exact when report is None: the NON-PRIVATE reference); its
-    candidates are the top item_init_k (None: `transitions.default_k`) of its own popularity release, or of the
-    declared public counts. None (random start) for "auto" when the releases cannot fit in their share of ε, unless
-    the prior was asked for (refused)."""
+    item table starts from, added to `report` (exact when report is None: the NON-PRIVATE reference); its noise
+    (`item_start_noise`) and candidates, the top `item_start_k` of its own popularity release or of the declared
+    public counts. None (random start) for "auto" when the releases cannot fit in their share of ε."""
     if cfg.item_start() != "transitions":
         return None
     check_item_init_k(cfg, data.n_items)
-    k = cfg.item_init_k
     noise_std = cfg.item_init_noise
     if report is not None:
-        hist = [] if public_item_counts is not None else [accounting.gaussian_event(tr.HIST_NOISE_MULTIPLIER)]
-        if cfg.item_init == "auto" and not start_fits(cfg, public_item_counts is not None):
-            uses_transition_prior(cfg, public_item_counts is not None)  # refuses a prior asked for here
-            return None  # "auto": the start's releases cannot fit in their share of a small ε (public): random start
+        noise_std = item_start_noise(cfg, public_item_counts is not None)
         if noise_std is None:
-            noise_std = accounting.calibrate(lambda s: dpe.ComposedDpEvent(hist + [accounting.gaussian_event(s)]),
-                                             cfg.item_init_epsilon_share() * cfg.epsilon, cfg.delta,
-                                             bracket=(0.05, ITEM_INIT_MAX_NOISE))
-        else:
+            return None
+        if cfg.item_init_noise is not None:
+            hist = [] if public_item_counts is not None else [accounting.gaussian_event(tr.HIST_NOISE_MULTIPLIER)]
             spent = accounting.compute_epsilon(dpe.ComposedDpEvent(
                 [r.composed_event() for r in report.releases] + hist + [accounting.gaussian_event(noise_std)]),
                 cfg.delta)
@@ -145,10 +166,7 @@ def _item_start(data: SeqData, cfg: TrainConfig, key: jax.Array, report: account
                 raise ValueError(f"the releases before DP-SGD (item table start: item_init_noise={noise_std:g}) "
                                  f"already spend epsilon={spent:.3g} >= {cfg.epsilon:g}: raise item_init_noise "
                                  "or epsilon")
-    if k is None:  # from public quantities: the declared users and the release's noise (the NON-PRIVATE reference: 500)
-        n_users = data.n_users if cfg.n_users_public is None else int(cfg.n_users_public)
-        k = (tr.default_k(n_users, noise_std, data.n_items) if report is not None
-             else min(NONPRIVATE_ITEM_INIT_K, data.n_items))
+    k = item_start_k(data, cfg, noise_std if report is not None else None)
     return tr.release(data, k, key, report, noise_std, public_item_counts=public_item_counts)
 
 
@@ -163,5 +181,5 @@ def partial_report(report: accounting.PrivacyReport, steps_done: int, steps: int
     return ran
 
 
-__all__ = ["DP_FEST_STEP", "DP_SGD_STEP", "PrivacySetup", "check_item_init_k", "partial_report", "privacy_setup",
-           "sampling_plan", "start_fits", "uses_transition_prior"]
+__all__ = ["DP_FEST_STEP", "DP_SGD_STEP", "PrivacySetup", "check_item_init_k", "item_start_k", "item_start_noise",
+           "partial_report", "privacy_setup", "sampling_plan", "start_fits", "uses_transition_prior"]

@@ -382,12 +382,19 @@ def test_frozen_item_rows_keep_the_top_counts_and_never_move():
     assert np.all(np.asarray(new["params"]["dense"]["kernel"]) != 1.0)
 
 
-def test_first_step_compiles_while_sigma_is_calibrated_and_only_once(caplog):
+@pytest.mark.parametrize("prior", [True, False])
+def test_first_step_compiles_while_sigma_is_calibrated_and_only_once(caplog, monkeypatch, prior):
     # the first step's clipped accumulation is compiled on abstract parameters beside the calibration; the run
-    # then calls the very same jitted function (it does not read σ), so no chunk shape compiles twice
+    # then calls the very same jitted function (it does not read σ), so no chunk shape compiles twice; with the
+    # transition prior too (its table's rows, K + 1, are public before the release)
+    from jdp.seqrec import prepare as prep
+    lowered = []
+    lower = prep._lower_first_step
+    monkeypatch.setattr(prep, "_lower_first_step", lambda *a: lowered.append(a[-1]) or lower(*a))
     d = _toy()
     cfg = train.TrainConfig(model="dpformer", epsilon=4.0, epochs=1.0, batch_size=16, chunk_rows=256,
-                            d=8, blocks=1, dropout=0.1, lr=1e-2, eval_chunk=32, length_buckets=())
+                            d=8, blocks=1, dropout=0.1, lr=1e-2, eval_chunk=32, length_buckets=(),
+                            transition_prior=prior)
     jax.config.update("jax_log_compiles", True)  # process-wide: the context manager is thread-local
     try:
         with caplog.at_level(logging.WARNING):
@@ -398,6 +405,7 @@ def test_first_step_compiles_while_sigma_is_calibrated_and_only_once(caplog):
     assert len(compiled) == sum(r.timings["step_new_shapes"]) >= 1  # one compilation per chunk shape
     assert sum(m.startswith("Compiling jit(_apply)") for m in caplog.messages) == 1  # precompiled on shapes
     assert r.timings["complete"]
+    assert len(lowered) == 1 and (lowered[0] > 1) == prior  # the prior's table rows, K + 1 (0: no prior)
     # one function for every σ: DPSGD.accumulate is clipped_accumulate of its clipping settings
     loss = models.make_loss_fn(models.make_model("transformer", d.n_items, d.maxlen, 8, 1, 1, 0.0))
     kw = dict(num_examples=48, batch_size=16, l2_clip=1.0, delta=1e-5, steps=3)
