@@ -1,8 +1,8 @@
-"""The item start's transition release scored alone, as a DPFormer run makes it (Amazon Games): what the
-transition prior (`TrainConfig.transition_prior`) starts from, beside what DP-SGD then trains.
+"""The item start's transition release scored alone, as a DPFormer run makes it: what the transition prior
+(`TrainConfig.transition_prior`) starts from, beside what DP-SGD then trains.
 
-    PYTHONPATH=. python -m benchmarks.seqrec.prior_release [--data-dir DIR] [--epsilon 8]
-        [--noises half default 0.88 0.74 0.675] [--seeds 0 1]
+    PYTHONPATH=. python -m benchmarks.seqrec.prior_release [--data amazon-games] [--data-dir DIR] [--epsilon 8]
+        [--batch-size 1024] [--noises half default 0.88 0.74 0.675] [--seeds 0 1]
 
 For every release noise σ_T (`--item-init-noise`; calibrated where `item_init_noise=None`: "default", the σ_T at
 which the two item releases alone spend PRIOR_EPSILON_SHARE = 0.85 of ε (the default run, with the prior), "half"
@@ -11,8 +11,9 @@ ITEM_INIT_EPSILON_SHARE = half of it (the default without the prior); at ε = 8,
 `jdp.seqrec.prepare`: `releases.privacy_setup` with the run's k_hist; K from the public rule), the ε its item
 releases spend alone, DP-SGD's σ for the rest of ε at the 20-epoch protocol, and the release's own scorer
 (`TransitionModel.evaluate`, the last 3 items) on validation and test (full ranking, history not masked). No
-network is trained. Writes benchmarks/seqrec/results/seqrec_prior_release.json (ε = 8; else
-seqrec_prior_release_eps{ε}.json).
+network is trained. `--batch-size`: the run's B (it sets DP-SGD's σ only). Writes
+benchmarks/seqrec/results/seqrec_prior_release.json (Amazon Games at ε = 8; else seqrec_prior_release_eps{ε}.json,
+other data seqrec_prior_release_{data}_eps{ε}.json).
 """
 from __future__ import annotations
 
@@ -41,13 +42,15 @@ def item_release_epsilon(report: accounting.PrivacyReport) -> float:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--data", default="amazon-games", choices=["amazon-games", "ml-100k", "ml-1m"])
     ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--batch-size", type=int, default=1024)
     ap.add_argument("--epsilon", type=float, default=8.0)
     ap.add_argument("--noises", nargs="+", default=["half", "default", "0.88", "0.74", "0.675"])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     args = ap.parse_args(argv)
-    data = D.load("amazon-games", path=fetch("amazon-games", args.data_dir))
-    base = TrainConfig(epsilon=args.epsilon, delta=DELTA, epochs=20, batch_size=1024, normalize=True)
+    data = D.load(args.data, path=fetch(args.data, args.data_dir))
+    base = TrainConfig(epsilon=args.epsilon, delta=DELTA, epochs=20, batch_size=args.batch_size, normalize=True)
     rows = []
     for noise in args.noises:
         cfg = (base if noise == "default" else dataclasses.replace(base, transition_prior=False) if noise == "half"
@@ -68,8 +71,10 @@ def main(argv=None) -> None:
             print(f"sigma_T {start.noise_multiplier:.3f} seed {seed}: K {start.items.size}, item releases eps "
                   f"{rows[-1]['item_releases_epsilon']:.2f}, DP-SGD sigma {setup.noise_multiplier:.3f}; "
                   f"valid {100 * v['ndcg']:.2f} test {100 * t['ndcg']:.2f}", flush=True)
-    name = "seqrec_prior_release" if args.epsilon == 8.0 else f"seqrec_prior_release_eps{args.epsilon:g}"
-    path = write_results(name, rows, epsilon=args.epsilon, delta=DELTA, history=3,
+    name = "seqrec_prior_release" if args.data == "amazon-games" else f"seqrec_prior_release_{args.data}"
+    name += "" if args.epsilon == 8.0 and args.data == "amazon-games" else f"_eps{args.epsilon:g}"
+    path = write_results(name, rows, data=args.data, epsilon=args.epsilon, delta=DELTA, batch_size=args.batch_size,
+                         history=3,
                          note="the item start's release alone (no network); item_init_noise None: calibrated to "
                               "epsilon_share of epsilon")
     print(f"wrote {path}")
