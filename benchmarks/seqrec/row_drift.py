@@ -29,7 +29,7 @@ from jdp.seqrec import models, train
 
 def initial_table(model_name: str, data, seed: int) -> np.ndarray:
     cfg = train.TrainConfig(model=model_name)
-    model = models.make_model(model_name, data.n_items, data.maxlen, cfg.d, cfg.heads, cfg.blocks, cfg.dropout,
+    model = models.make_model(model_name, data.n_items, data.maxlen, cfg.d, cfg.heads, cfg.blocks, cfg.dropout_rate(False),
                               cfg.activation, cfg.norm, cfg.ffn_dim, cfg.item_dim)
     k_init = jax.random.split(jax.random.key(seed), 3)[0]
     return np.asarray(table(jax.jit(model.init)(k_init, jnp.zeros((1, data.maxlen), jnp.int32))))

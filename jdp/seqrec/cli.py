@@ -110,7 +110,8 @@ def _add_architecture_flags(p: argparse.ArgumentParser) -> None:
                    help="vanilla Transformers: item table width r < d, with learned r->d (input) and d->r (output) "
                         "projections (default d)")
     p.add_argument("--dropout", type=float, default=None,
-                   help="default 0.5 (Amazon) / 0.2 (MovieLens) / 0 (synthetic: the quick run)")
+                   help="default 0.2 with the transition prior, else 0.5 (Amazon: TrainConfig.dropout_rate) / 0.2 "
+                        "(MovieLens) / 0 (synthetic: the quick run)")
 
 
 def _add_item_flags(p: argparse.ArgumentParser) -> None:
@@ -268,7 +269,7 @@ def _train_config(args: argparse.Namespace, maxlen: int) -> TrainConfig:
     # its per-user masks double the step's compilation); width 32 at lr 8e-2 (first runs on a 2-core CPU, 3 pairs:
     # 7.5-7.7 s vs 8.3-9.2 s at width 64 and lr 3e-2; test NDCG@10 0.61-0.63 vs 0.61-0.62, seeds 1-3, lr from
     # validation over {3e-2, 5e-2, 8e-2, 1.2e-1})
-    dropout = args.dropout if args.dropout is not None else (0.2 if movielens else 0.0 if synthetic else 0.5)
+    dropout = args.dropout if args.dropout is not None else (0.2 if movielens else 0.0 if synthetic else None)
     epochs = args.epochs if args.epochs is not None else (2.0 if synthetic else 100.0)
     lr = args.lr if args.lr is not None else (8e-2 if synthetic else 1e-3)
     batch_size = args.batch_size if args.batch_size is not None else (256 if synthetic else 1024)
@@ -364,13 +365,15 @@ def run(args: argparse.Namespace) -> int:
                     progress=not args.no_progress, max_steps=args.max_steps,
                     max_seconds=args.time_limit, show_private_diagnostics=args.show_private_diagnostics,
                     time_budget_s=None if args.max_minutes is None else 60.0 * args.max_minutes)
+    prior = bool(res.reatt and "prior_slot" in res.reatt)
     out = {
         "data": args.data, **({"data_seed": args.data_seed} if args.data == "synthetic" else {}), "model": args.model, "epsilon": cfg.epsilon, "delta": cfg.delta, "seed": seed,
         "device": jax.devices()[0].device_kind, "xla_flags": os.environ.get("XLA_FLAGS"), "n_users": d.n_users, "n_items": d.n_items, "maxlen": d.maxlen,
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(cfg).items()},
         "noise_multiplier": res.noise_multiplier, "steps": res.steps,
         "vocabulary": args.vocabulary, "vocabulary_assumptions": list(d.vocab_assumptions),
-        "transition_prior": bool(res.reatt and "prior_slot" in res.reatt),  # as resolved (`uses_transition_prior`)
+        "transition_prior": prior,  # as resolved (`uses_transition_prior`)
+        "dropout": cfg.dropout_rate(prior),  # as resolved
         "item_counts": "public (caller-declared)" if public is not None else (
             "DP histogram" if res.item_counts_released is not None else None),
         "evaluation": {"ranking": "full (all items, padding excluded)", "history_masked": cfg.mask_history},

@@ -92,8 +92,8 @@ def prepare(data: SeqData, cfg: TrainConfig, plan: tuple[int, float, int], key: 
         check_negatives(cfg, M, cfg.model == "dpformer" or public_item_counts is not None)
     check_item_init_k(cfg, M)
     prior = uses_transition_prior(cfg, public_item_counts is not None)
-    model = make_model(cfg.model, M, L, cfg.d, cfg.heads, cfg.blocks, cfg.dropout, cfg.activation, cfg.norm,
-                       cfg.ffn_dim, cfg.item_dim, prior)
+    model = make_model(cfg.model, M, L, cfg.d, cfg.heads, cfg.blocks, cfg.dropout_rate(prior), cfg.activation,
+                       cfg.norm, cfg.ffn_dim, cfg.item_dim, prior)
     k_init, k_hist, k_train = jax.random.split(key, 3)
     if initial_params is not None:  # refused before any release or compilation (abstract shapes only)
         initial_params = _check_initial_params(initial_params,

@@ -33,8 +33,8 @@ from jdp import accounting
 from jdp.clipping.dp_sgd import dp_sgd_event, poisson_indices
 from jdp.seqrec.batches import check_negatives, length_chunks, negative_probs, sample_negatives, step_batches
 from jdp.seqrec.checkpoint import RESUMABLE_FIELDS, check_resumable, resume, run_record, write_checkpoint
-from jdp.seqrec.config import (DEFAULT_WINDOWS, ITEM_INIT_EPSILON_SHARE, ITEM_INITS, NEGATIVE_SAMPLERS,
-                                PRIOR_EPSILON_SHARE, TrainConfig)
+from jdp.seqrec.config import (DEFAULT_WINDOWS, DROPOUT, ITEM_INIT_EPSILON_SHARE, ITEM_INITS, NEGATIVE_SAMPLERS,
+                                PRIOR_DROPOUT, PRIOR_EPSILON_SHARE, TrainConfig)
 from jdp.seqrec.data import SeqData
 from jdp.seqrec.evaluate import baseline_metrics, evaluate
 from jdp.seqrec.item_table import (freeze_item_rows, freeze_item_table_loss, frozen_item_rows, start_from_item_table,
@@ -312,8 +312,9 @@ def budget_says_stop(elapsed: float, done: int, per_epoch: int, step_s: list[flo
 
 # `train`'s own names, then those of the pieces it runs with (their homes: the modules above), importable from here
 __all__ = ["TrainResult", "budget_says_stop", "train",
-           "DEFAULT_WINDOWS", "DP_FEST_STEP", "DP_SGD_STEP", "ITEM_INITS", "ITEM_INIT_EPSILON_SHARE",
-           "NEGATIVE_SAMPLERS", "NONPRIVATE_CPU_ROWS", "PRIOR_EPSILON_SHARE", "PrivacySetup", "RESUMABLE_FIELDS",
+           "DEFAULT_WINDOWS", "DP_FEST_STEP", "DP_SGD_STEP", "DROPOUT", "ITEM_INITS", "ITEM_INIT_EPSILON_SHARE",
+           "NEGATIVE_SAMPLERS", "NONPRIVATE_CPU_ROWS", "PRIOR_DROPOUT", "PRIOR_EPSILON_SHARE",
+           "PrivacySetup", "RESUMABLE_FIELDS",
            "TrainConfig", "check_negatives", "check_resumable", "dp_sgd_event", "freeze_item_rows",
            "freeze_item_table_loss", "frozen_item_rows", "length_chunks", "lr_schedule", "negative_probs",
            "partial_report", "privacy_setup", "run_record", "sample_negatives", "sampling_plan",

@@ -594,6 +594,33 @@ def test_the_default_adds_the_transition_prior_and_spends_most_of_epsilon_on_its
         train.TrainConfig(transition_prior="yes").validate()
 
 
+def test_dropout_defaults_by_the_start_and_the_model_is_built_with_it(monkeypatch):
+    """`dropout=None` (the default): PRIOR_DROPOUT where the run adds the transition prior (as `releases` resolves
+    it: not where an "auto" start falls back to random), else the paper's DROPOUT; a given rate is kept, a rate
+    outside [0, 1) refused."""
+    from jdp.seqrec import prepare as prep
+    assert (train.PRIOR_DROPOUT, train.DROPOUT) == (0.2, 0.5)
+    cfg = train.TrainConfig()
+    assert cfg.dropout is None and cfg.dropout_rate(True) == 0.2 and cfg.dropout_rate(False) == 0.5
+    given = train.TrainConfig(dropout=0.3)
+    assert given.dropout_rate(True) == 0.3 == given.dropout_rate(False)
+    assert train.TrainConfig(dropout=0.0).dropout_rate(True) == 0.0
+    for bad in (1.0, -0.1, "0.2", float("nan")):
+        with pytest.raises(ValueError, match="dropout"):
+            train.TrainConfig(dropout=bad).validate()
+    built = []
+
+    def stop_after_the_model(*a, **k):
+        built.append(a[6])  # make_model's dropout argument
+        raise RuntimeError("stop")
+    monkeypatch.setattr(prep, "make_model", stop_after_the_model)
+    d = _toy(n_users=200)
+    for kw, want in [({}, 0.2), ({"epsilon": 1.0}, 0.5), ({"item_init": "random"}, 0.5), ({"dropout": 0.1}, 0.1)]:
+        with pytest.raises(RuntimeError, match="stop"):
+            train.train(d, train.TrainConfig(**{"batch_size": 16, "epochs": 1.0, "d": 8, **kw}), jax.random.key(0))
+        assert built[-1] == want, kw
+
+
 @pytest.mark.parametrize("name", ["dpformer", "transformer-untied", "gru"])
 def test_padding_column_is_neg_and_passes_no_gradient(name):
     """The output's column 0 (padding, never a target) is NEG at every position, and nothing flows back from it:
