@@ -109,7 +109,8 @@ class TrainConfig:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         check_positive(self.adam_bc_gamma, "adam_bc_gamma")
         check_positive(self.error_scale, "error_scale", allow_zero=True)
-        if self.dropout is not None and not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
+        rate = self.dropout
+        if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate < 1.0):
             raise ValueError(f"dropout must be None or in [0, 1), got {self.dropout!r}")
         check_positive(self.sparse_ratio, "sparse_ratio")
         if not math.isfinite(self.sparse_threshold):

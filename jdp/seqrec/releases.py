@@ -94,12 +94,17 @@ def check_item_init_k(cfg: TrainConfig, n_items: int) -> None:
         raise ValueError(f"item_init_k must be <= the number of items ({n_items}), got {cfg.item_init_k}")
 
 
+def _popularity_release(public_item_counts: bool) -> list:
+    """The item start's popularity histogram as events: none when the caller declares public counts."""
+    return [] if public_item_counts else [accounting.gaussian_event(tr.HIST_NOISE_MULTIPLIER)]
+
+
 def start_fits(cfg: TrainConfig, public_item_counts: bool) -> bool:
     """Whether the item start's releases fit in their share of ε (`TrainConfig.item_init_epsilon_share`) at the
     largest noise it calibrates (public quantities only); always True for a declared noise or a NON-PRIVATE run."""
     if cfg.epsilon is None or cfg.item_init_noise is not None:
         return True
-    hist = [] if public_item_counts else [accounting.gaussian_event(tr.HIST_NOISE_MULTIPLIER)]
+    hist = _popularity_release(public_item_counts)
     return accounting.compute_epsilon(dpe.ComposedDpEvent(hist + [accounting.gaussian_event(ITEM_INIT_MAX_NOISE)]),
                                       cfg.delta) < cfg.item_init_epsilon_share() * cfg.epsilon
 
@@ -126,7 +131,7 @@ def item_start_noise(cfg: TrainConfig, public_item_counts: bool) -> float | None
         return None  # "auto": the start's releases cannot fit in their share of a small ε (public): random start
     if cfg.item_init_noise is not None:
         return float(cfg.item_init_noise)
-    hist = [] if public_item_counts else [accounting.gaussian_event(tr.HIST_NOISE_MULTIPLIER)]
+    hist = _popularity_release(public_item_counts)
     return accounting.calibrate(lambda s: dpe.ComposedDpEvent(hist + [accounting.gaussian_event(s)]),
                                 cfg.item_init_epsilon_share() * cfg.epsilon, cfg.delta,
                                 bracket=(0.05, ITEM_INIT_MAX_NOISE))
@@ -158,7 +163,7 @@ def _item_start(data: SeqData, cfg: TrainConfig, key: jax.Array, report: account
         if noise_std is None:
             return None
         if cfg.item_init_noise is not None:
-            hist = [] if public_item_counts is not None else [accounting.gaussian_event(tr.HIST_NOISE_MULTIPLIER)]
+            hist = _popularity_release(public_item_counts is not None)
             spent = accounting.compute_epsilon(dpe.ComposedDpEvent(
                 [r.composed_event() for r in report.releases] + hist + [accounting.gaussian_event(noise_std)]),
                 cfg.delta)

@@ -605,7 +605,7 @@ def test_dropout_defaults_by_the_start_and_the_model_is_built_with_it(monkeypatc
     given = train.TrainConfig(dropout=0.3)
     assert given.dropout_rate(True) == 0.3 == given.dropout_rate(False)
     assert train.TrainConfig(dropout=0.0).dropout_rate(True) == 0.0
-    for bad in (1.0, -0.1, "0.2", float("nan")):
+    for bad in (1.0, -0.1, "0.2", float("nan"), False):
         with pytest.raises(ValueError, match="dropout"):
             train.TrainConfig(dropout=bad).validate()
     built = []
