@@ -90,6 +90,7 @@ def test_cli_runs_use_a_persistent_compilation_cache(tmp_path, monkeypatch):
         jax.config.update("jax_compilation_cache_dir", before)
 
 
+@pytest.mark.slow
 def test_a_command_imports_only_its_own_subcommand_package():
     # start-up time: `jdp altmin ...` must not import seqrec (flax, the clipping engine); `jdp --help` lists all
     import subprocess
@@ -123,6 +124,7 @@ def test_demo_flags_private_rows_above_the_zero_cost_baseline(capsys, monkeypatc
     assert any(line.startswith(f"! {expected} private row(s) above the zero-cost baseline 1.0000") for line in lines)
 
 
+@pytest.mark.slow
 def test_the_console_command_exits_fast_after_a_clean_finish(tmp_path):
     # entry_point skips the interpreter's teardown (os._exit) but still runs the atexit handlers, flushes the
     # streams and passes the exit code on; the result file is complete

@@ -87,6 +87,7 @@ def _jdp(*args, close_stdout=False, timeout=120):
     return proc.returncode, out.decode(), err.decode()
 
 
+@pytest.mark.slow
 def test_a_closed_pipe_ends_quietly_like_a_unix_tool():
     """`jdp ... | head`: no traceback, no "error: Broken pipe"; exit status 0 or 141 (128 + SIGPIPE)."""
     for args in (["select", "list"], ["seqrec", "--help"]):

@@ -29,6 +29,7 @@ def _probe(env_value):
     return enabled == "True", int(faults)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc settings (Linux)")
 def test_reuse_freed_memory_removes_the_page_faults_of_large_outputs():
     on, faults_on = _probe("")

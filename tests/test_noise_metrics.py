@@ -135,7 +135,7 @@ def test_gaussian_histogram_is_the_one_histogram_release():
     np.testing.assert_allclose(np.asarray(dev, np.float64), host, atol=1e-5)
 
 
-@pytest.mark.parametrize("partitionable", [True, False])
+@pytest.mark.parametrize("partitionable", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_flat_draws_are_the_same_numbers_as_shaped_ones(partitionable):
     """`standard_normal` / `standard_uniform` draw flat and reshape (a faster compile on CPU): the numbers must be
     exactly `jax.random.normal` / `uniform`'s, under either threefry counter layout, so seeds reproduce the same

@@ -86,6 +86,7 @@ def test_notebooks_install_the_renamed_distribution_with_its_extra():
         assert f'%pip install -q \\"{DISTRIBUTION}[notebook] @ {{JDP_SOURCE}}\\"' in path.read_text(), path.name
 
 
+@pytest.mark.slow
 def test_installed_metadata_keeps_the_import_package_and_the_command():
     try:
         dist = importlib.metadata.distribution(DISTRIBUTION)

@@ -139,6 +139,7 @@ def test_aux_is_an_input_of_the_step_not_a_baked_constant(method):
     assert acc._cache_size() == 1
 
 
+@pytest.mark.slow
 def test_noise_key_is_left_out_of_a_saved_state_and_rebuilt_from_the_run_key():
     """`without_noise_key` zeroes the key that would predict the later steps' noise; `with_noise_key` rebuilds
     it from the run's key and the update count, so a resumed run draws the same noise as an uninterrupted one."""

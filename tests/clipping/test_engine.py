@@ -511,6 +511,7 @@ def test_rnn_cell_kernels_are_tapped_inside_the_scan(cell, reverse):
     assert any("kernel" in p for p in jc.explain(loss_reg, params, batch)[-1]["fallback"])
 
 
+@pytest.mark.slow
 def test_small_rnn_cell_over_a_long_sequence_falls_back_whole():
     model = RNNClassifier("lstm")
     x = jax.random.randint(jax.random.PRNGKey(4), (4, 40), 0, 20)   # 40 steps × (16 + 32) > 16 × 32

@@ -117,6 +117,7 @@ def test_batchnorm_keeps_its_own_message():
         jc.clipped_grad(loss_fn, variables["params"], {"x": x}, l2_clip=1.0)
 
 
+@pytest.mark.slow
 def test_the_check_runs_once_per_function_and_structure(monkeypatch):
     calls = []
     real = mixing._mixing_losses

@@ -33,7 +33,7 @@ from jdp.multitask.ssp import clip_label_norms, task_weighted_ssp
 
 U32 = 2.0 ** -24  # float32 unit roundoff
 REL = 1e-5        # relative tolerance on every sensitivity
-FAST, SLOW = 8, 100  # random restarts per routine: default run / -m slow
+FAST, SLOW = 4, 100  # random restarts per routine: default run / -m slow
 # (restarts, seed) of each search: a small budget in the default suite, a larger one in the slow suite
 BUDGETS = pytest.mark.parametrize("restarts, seed", [(FAST, 0), pytest.param(SLOW, 1, marks=pytest.mark.slow)])
 WORST = {}  # routine -> worst ratio found (printed with -s)

@@ -26,6 +26,12 @@ SENS_REL = 1e-5    # float32 rounding allowed on top of the clip bound
 GID = jnp.array([0, 0, 1, 2, 2, 2, 1, 3])   # user of each example (user-level clipping)
 
 
+def _methods(methods=jc.METHODS, slow=("ghost-two-pass", "vmap")):
+    """`methods` as parameters, those in `slow` (the non-default two-pass path and the vmap reference, which the
+    default suite checks elsewhere) marked for the slow suite: it keeps the default suite within its time."""
+    return [pytest.param(m, marks=pytest.mark.slow) if m in slow else m for m in methods]
+
+
 # ------------------------------------------------------------------------------------------ model
 class Model(nn.Module):
     """Tied item embedding (lookup + attend on one table: Phantom clipping), a bag-of-embeddings head,
@@ -147,7 +153,7 @@ def test_lookup_rows_is_the_row_nn_embed_reads():
     assert lookup_rows(jnp.array([-1], jnp.int32), 7).tolist() == [6]
 
 
-@pytest.mark.parametrize("method", jc.METHODS)
+@pytest.mark.parametrize("method", _methods())
 def test_norms_and_clipped_sum_follow_the_models_own_gradient(method):
     """Audit item 3: with -1 padding reaching the loss, ids >= vocab and < -vocab masked by the model,
     all-padding rows, a one-row table and tied embeddings, every method's per-example and per-user
@@ -276,7 +282,7 @@ def _gated_program(method):
     return _jit(f)
 
 
-@pytest.mark.parametrize("method", jc.METHODS)
+@pytest.mark.parametrize("method", _methods())
 def test_a_finite_loss_with_a_nonfinite_gradient_is_dropped_and_never_poisons_the_sum(method):
     """The worst case of the finiteness check: an example whose loss is finite but whose every gradient factor
     (logit gradients of the tied embedding, lookup rows, Dense factors) is NaN, so only its factors can tell.
@@ -353,7 +359,7 @@ def test_a_nonfinite_factor_that_meets_only_zeros_is_still_dropped(method, width
         np.testing.assert_allclose(_flat(masked.grad_sum), _flat(want.grad_sum), rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("method", ["auto", "ghost-two-pass", "vmap"])
+@pytest.mark.parametrize("method", _methods(["auto", "ghost-two-pass", "vmap"]))
 def test_a_batch_run_in_chunks_equals_the_whole_batch_and_its_padding_adds_nothing(method):
     """batch_chunk=3 on B = 8 runs three chunks of 3, the last one padded with a repeat of example 7 that is
     masked out: every output equals the whole batch's (a repeat that counted would add up to one more clip
@@ -458,7 +464,7 @@ def test_chunked_accumulate_adds_at_most_one_clip_bound_per_added_unit():
 
 
 # ------------------------------------------------------------------------------------------ shared leaves
-@pytest.mark.parametrize("method", ["auto", "ghost", "ghost-two-pass"])
+@pytest.mark.parametrize("method", _methods(["auto", "ghost", "ghost-two-pass"]))
 def test_a_leaf_shared_with_an_untapped_layer_is_differentiated_at_every_use(method):
     """Regression: two nnx layers share one kernel and the second layer's bias is also read outside it (a
     penalty), so the second layer cannot be tapped. Before the fix the shared kernel still counted as covered

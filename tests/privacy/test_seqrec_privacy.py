@@ -179,7 +179,7 @@ def test_sampled_softmax_step_moves_by_one_clipped_user_when_the_layout_changes(
     assert _worst_neighbour_step_change(model, models.make_loss_fn(model), C, 0, negs) == pytest.approx(C, rel=1e-3)
 
 
-@pytest.mark.parametrize("norm", ["pre", "post"])
+@pytest.mark.parametrize("norm", ["pre", pytest.param("post", marks=pytest.mark.slow)])
 def test_dpformer_step_moves_by_one_clipped_user_in_either_block_layout(norm):
     """Worst neighbour for the full-softmax DPFormer (Re-Attention on, tied embedding, Phantom clipping), in both
     block layouts (SASRec's pre-LN, Vaswani's post-LN with a wider feed-forward): the same reshuffling neighbour,
@@ -195,7 +195,7 @@ def test_dpformer_step_moves_by_one_clipped_user_in_either_block_layout(norm):
     assert _worst_neighbour_step_change(model, models.make_loss_fn(model, reatt), C, 1) == pytest.approx(C, rel=1e-3)
 
 
-@pytest.mark.parametrize("scale", [1.0, 1e6])
+@pytest.mark.parametrize("scale", [pytest.param(1.0, marks=pytest.mark.slow), 1e6])
 def test_a_transition_prior_step_moves_by_one_clipped_user(scale):
     """The same worst neighbour for DPFormer with the release's transition prior in its logits (a Dense(1) site over
     every position and item), the prior's table at ordinary and at extreme scales (1e6: logits that saturate the
@@ -332,6 +332,7 @@ def test_training_goes_on_past_steps_with_nonfinite_users_and_counts_them():
     assert sum(h.get("num_nonfinite", 0) for h in res.history) == res.private_diagnostics["num_nonfinite"]
 
 
+@pytest.mark.slow
 def test_a_checkpoint_resumes_only_the_run_that_wrote_it(tmp_path):
     """Resuming is continuing ONE run. Worst resumptions: a larger budget after steps taken at a smaller σ (the
     report would state the new ε for steps that spent more), another seed (the histogram and every later step

@@ -92,7 +92,7 @@ def _tiny_transformer(reattention, norm="pre", ffn_dim=None):
                              heads=2, blocks=2, dropout=0.0, norm=norm, ffn_dim=ffn_dim)
 
 
-@pytest.mark.parametrize("norm,ffn_dim", [("pre", None), ("post", 32)])
+@pytest.mark.parametrize("norm,ffn_dim", [("pre", None), pytest.param("post", 32, marks=pytest.mark.slow)])
 def test_zero_noise_reattention_is_identity_and_noise_changes_attention(norm, ffn_dim):
     seq = jnp.array([[0, 0, 3, 7, 1, 29, 5], [4, 4, 9, 2, 11, 30, 8]])
     vanilla, dpf = _tiny_transformer(False, norm, ffn_dim), _tiny_transformer(True, norm, ffn_dim)
