@@ -67,7 +67,8 @@ RUNS = {("gru", 5): [("seqrec_amazon_gru_eps5_ep100_gpu", "")],
                            "the default since 74e73ac: the transition prior, 0.85 of ε on its release"),
                           ("seqrec_amazon_dpformer_eps5_ep20_prior_seed1", "the same, seed 1"),
                           ("seqrec_amazon_dpformer_eps5_ep20_prior_dropout02_partial",
-                           "the default since 96db06f: the same with dropout 0.2")],
+                           "the default since 96db06f: the same with dropout 0.2"),
+                          ("seqrec_amazon_dpformer_eps5_ep20_prior_dropout02_seed1", "the same, seed 1")],
         ("dpformer", 8): [("seqrec_amazon_dpformer_eps8_ep100", ""),
                           ("seqrec_amazon_dpformer_eps8_ep100_itemstart",
                            "item table from a release: beyond the paper"),
@@ -119,7 +120,10 @@ RUNS = {("gru", 5): [("seqrec_amazon_gru_eps5_ep100_gpu", "")],
                            ("seqrec_amazon_dpformer_eps10_ep20_default_start_seed1", "the previous default, seed 1"),
                            ("seqrec_amazon_dpformer_eps10_ep20_prior",
                             "the default since 74e73ac: the transition prior, 0.85 of ε on its release"),
-                           ("seqrec_amazon_dpformer_eps10_ep20_prior_seed1", "the same, seed 1")]}
+                           ("seqrec_amazon_dpformer_eps10_ep20_prior_seed1", "the same, seed 1"),
+                           ("seqrec_amazon_dpformer_eps10_ep20_prior_dropout02",
+                            "the default since 96db06f: the same with dropout 0.2"),
+                           ("seqrec_amazon_dpformer_eps10_ep20_prior_dropout02_seed1", "the same, seed 1")]}
 
 
 def _run(stem: str) -> dict:
