@@ -201,6 +201,7 @@ def test_count_ridge_uses_each_tasks_released_count():
         np.testing.assert_allclose(theta[t], ref, rtol=2e-4, atol=2e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.multi_device
 def test_sharded_item_update_equals_unsharded(small):
     _, (train, _, _) = small

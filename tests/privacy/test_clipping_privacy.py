@@ -177,7 +177,7 @@ def test_norms_and_clipped_sum_follow_the_models_own_gradient(method):
                                rtol=REL, atol=REL * C)
 
 
-@pytest.mark.parametrize("method", jc.METHODS)
+@pytest.mark.parametrize("method", _methods())
 def test_every_contribution_is_within_the_clip_bound(method):
     """Audit item 3 (sensitivity): for random single-example batches (all rows but one masked) and for
     each example's contribution to a multi-example batch (grad_sum with it minus grad_sum without it),

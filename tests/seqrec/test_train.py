@@ -228,7 +228,7 @@ def test_chunked_dp_sgd_sum_equals_one_full_window_batch():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("batch_chunk", [pytest.param(None, marks=pytest.mark.slow), 3, "auto"])
+@pytest.mark.parametrize("batch_chunk", [pytest.param(c, marks=pytest.mark.slow) for c in (None, 3)] + ["auto"])
 def test_nonprivate_step_sums_the_same_gradients_in_any_pass_size(batch_chunk):
     """The NON-PRIVATE reference step's gradient sum over a physical chunk (masked padding rows) is the sum
     of the real users' gradients, whether the chunk runs in one pass or as a loop over smaller ones."""
@@ -382,7 +382,8 @@ def test_frozen_item_rows_keep_the_top_counts_and_never_move():
     assert np.all(np.asarray(new["params"]["dense"]["kernel"]) != 1.0)
 
 
-@pytest.mark.parametrize("prior", [True, pytest.param(False, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("prior", [True, False])
 def test_first_step_compiles_while_sigma_is_calibrated_and_only_once(caplog, monkeypatch, prior):
     # the first step's clipped accumulation is compiled on abstract parameters beside the calibration; the run
     # then calls the very same jitted function (it does not read σ), so no chunk shape compiles twice; with the
